@@ -1,0 +1,89 @@
+"""Framing shared by the sync and async daemon clients."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Union
+
+from .errors import JobRejected, ProtocolError
+from .job import DEFAULT_TIMEOUT_MS
+from .result import Result
+
+#: Called with ("stdout" | "stderr", text chunk) as a streamed job writes output.
+OutputCallback = Callable[[str, str], None]
+
+#: Longest response line the clients accept (a result carries up to the output cap plus files).
+MAX_LINE_BYTES = 256 * 1024 * 1024
+
+#: Extra time a client waits beyond a job's own timeout_ms for the daemon to answer.
+DEFAULT_WAIT_SLACK_S = 60.0
+
+
+def default_socket_path() -> str:
+    """``$FORKBOX_SOCKET``, else ``$XDG_RUNTIME_DIR/forkbox.sock``, else ``/tmp/forkbox.sock``."""
+    explicit = os.environ.get("FORKBOX_SOCKET")
+    if explicit:
+        return explicit
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "forkbox.sock")
+    return "/tmp/forkbox.sock"
+
+
+def encode_request(job: Mapping[str, Any], stream: bool) -> bytes:
+    """One request line: the job, plus ``"stream": true`` when output events are wanted."""
+    body = dict(job)
+    if stream:
+        body["stream"] = True
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def wait_budget(job: Mapping[str, Any], wait_timeout: Optional[float], slack: float) -> Optional[float]:
+    """Seconds to wait for an answer: explicit, or the job's timeout plus slack."""
+    if wait_timeout is not None:
+        return wait_timeout
+    t = job.get("timeout_ms", DEFAULT_TIMEOUT_MS)
+    if not isinstance(t, int) or isinstance(t, bool) or t <= 0:
+        t = DEFAULT_TIMEOUT_MS  # the server will reject it; do not fail here for the wrong reason
+    return t / 1000.0 + slack
+
+
+@dataclass
+class Line:
+    """One decoded response line: an output event or a final result."""
+
+    id: Optional[str]
+    event: Optional[str] = None
+    data: str = ""
+    result: Optional[Dict[str, Any]] = None
+
+
+def decode_line(raw: Union[bytes, bytearray]) -> Line:
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        raise ProtocolError(f"daemon sent a line that is not JSON ({e}): {bytes(raw[:200])!r}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"daemon sent a line that is not an object: {bytes(raw[:200])!r}")
+    rid = obj.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise ProtocolError(f"daemon sent a non-string id: {rid!r:.80}")
+    if "status" in obj:
+        return Line(id=rid, result=obj)
+    event = obj.get("event")
+    if isinstance(event, str):
+        data = obj.get("data", "")
+        if not isinstance(data, str):
+            raise ProtocolError(f"event data should be a string, got {data!r:.80}")
+        return Line(id=rid, event=event, data=data)
+    raise ProtocolError(f"daemon sent a line with neither `status` nor `event`: {bytes(raw[:200])!r}")
+
+
+def finish(result_obj: Dict[str, Any]) -> Result:
+    """Turns a final line into a Result; a rejected job raises JobRejected."""
+    res = Result.from_dict(result_obj)
+    if res.status == "invalid":
+        raise JobRejected(res.error or "the server gave no reason", res)
+    return res
