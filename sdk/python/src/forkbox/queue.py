@@ -60,8 +60,11 @@ class Queue:
     """
 
     def __init__(self, redis: Union[str, Any] = "redis://127.0.0.1:6379", queue: str = "default", *, block_s: float = 1.0) -> None:
-        if not queue or any(c in queue for c in "{}"):
-            raise ValueError("queue names must be non-empty and contain no braces")
+        if not (1 <= len(queue) <= 64) or not all(33 <= ord(c) <= 126 and c not in "{}:" for c in queue):
+            raise ValueError(
+                f"queue name {queue!r} is invalid: 1 to 64 printable ASCII characters without "
+                "spaces, braces or colons"
+            )
         if isinstance(redis, str):
             if _redis is None:  # pragma: no cover
                 raise ImportError("forkbox.Queue needs redis-py: pip install redis")

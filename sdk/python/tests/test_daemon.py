@@ -1,0 +1,321 @@
+"""The SDK against a real `forkbox daemon` (started by the `daemon` fixture in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from conftest import SDK_DIR, Daemon, short_tmpdir, start_daemon, tail, wait_for_socket
+from forkbox import AsyncForkbox, DaemonNotRunning, Forkbox, JobRejected
+
+pytestmark = pytest.mark.real
+
+FACTORIAL = "python3 -c 'import math; print(math.factorial(20))'"
+
+
+# -- the three calls of the issue ------------------------------------------------------------
+
+
+def test_factorial(daemon: Daemon) -> None:
+    res = Forkbox.run(FACTORIAL)
+    assert res.status == "ok", res
+    assert res.exit_code == 0 and not res.timed_out
+    assert res.stdout == "2432902008176640000\n"
+    assert res.duration_ms > 0 and res.spawn_us > 0
+    assert res.files == {} and not res.truncated
+
+
+def test_infinite_loop_times_out(daemon: Daemon) -> None:
+    res_loop = Forkbox.run("while true; do :; done", timeout_ms=500)
+    assert res_loop.timed_out is True
+    assert res_loop.exit_code == 124
+    assert res_loop.status == "timeout"
+    assert 450 <= res_loop.duration_ms < 5000, res_loop.duration_ms
+
+
+def test_host_etc_hosts_is_untouched(daemon: Daemon) -> None:
+    hosts = Path("/etc/hosts")
+    before = hosts.read_bytes()
+    st_before = hosts.stat()
+    res = Forkbox.run("echo 'payload' >> /etc/hosts; cat /etc/hosts")
+    assert hosts.read_bytes() == before
+    st_after = hosts.stat()
+    assert (st_after.st_mtime_ns, st_after.st_size, st_after.st_ino) == (
+        st_before.st_mtime_ns,
+        st_before.st_size,
+        st_before.st_ino,
+    )
+    # Either the write failed inside the sandbox or it landed in the sandbox's own copy.
+    assert res.status in ("ok", "failed"), res
+
+
+# -- job features ----------------------------------------------------------------------------
+
+
+def test_files_in_and_collected_out(daemon: Daemon) -> None:
+    res = Forkbox.run(
+        "mkdir -p out && tr a-z A-Z < in.txt > out/upper.txt && cp data.bin out/copy.bin && "
+        "echo skip > not-collected.txt && cat sub/dir/note.txt",
+        files={"in.txt": "hello files\n", "data.bin": b"\x00\xff\x10binary", "sub/dir/note.txt": "nested"},
+        collect=["out/*"],
+    )
+    assert res.status == "ok", res
+    assert res.stdout == "nested"
+    assert res.files == {"out/upper.txt": b"HELLO FILES\n", "out/copy.bin": b"\x00\xff\x10binary"}
+
+
+def test_stdin_text_and_bytes(daemon: Daemon) -> None:
+    assert Forkbox.run("tr a-z A-Z", stdin="shout\n").stdout == "SHOUT\n"
+    res = Forkbox.run("od -An -tx1 | tr -s ' '", stdin=b"\x00\xff\x7f")
+    assert res.stdout.split() == ["00", "ff", "7f"]
+
+
+def test_env(daemon: Daemon) -> None:
+    res = Forkbox.run('printf "%s|%s" "$GREETING" "$HOME"', env={"GREETING": "hi there"})
+    assert res.stdout.split("|")[0] == "hi there"
+
+
+def test_argv_is_not_shell_parsed(daemon: Daemon) -> None:
+    res = Forkbox.run(argv=["/bin/echo", "a  b", "$HOME", ";", "c"])
+    assert res.stdout == "a  b $HOME ; c\n"
+
+
+def test_nonzero_exit_is_a_result(daemon: Daemon) -> None:
+    res = Forkbox.run("echo out; echo err >&2; exit 3")
+    assert res.status == "failed"
+    assert res.exit_code == 3 and not res.timed_out
+    assert res.stdout == "out\n" and res.stderr == "err\n"
+
+
+def test_killed_by_signal(daemon: Daemon) -> None:
+    res = Forkbox.run("kill -9 $$")
+    assert res.status == "signaled", res
+    assert res.exit_code == 137 and res.signal == 9
+
+
+def test_output_truncation(daemon: Daemon) -> None:
+    res = Forkbox.run("head -c 200000 /dev/zero | tr '\\0' x", output_bytes=1000)
+    assert res.truncated and res.stdout_truncated
+    assert 0 < len(res.stdout) <= 1000 and set(res.stdout) == {"x"}
+    assert res.status in ("ok", "output_limit"), res
+
+
+def test_streaming_output(daemon: Daemon) -> None:
+    chunks: List[Tuple[str, str]] = []
+    res = Forkbox.run(
+        "echo one; echo two >&2; echo three", on_output=lambda stream, data: chunks.append((stream, data))
+    )
+    assert res.status == "ok"
+    assert "".join(d for s, d in chunks if s == "stdout") == res.stdout == "one\nthree\n"
+    assert "".join(d for s, d in chunks if s == "stderr") == res.stderr == "two\n"
+
+
+def test_rejected_jobs_carry_the_reason(daemon: Daemon) -> None:
+    with pytest.raises(JobRejected) as e:
+        Forkbox.run("true", timeout_ms=0)
+    assert "timeout_ms" in e.value.reason
+    assert e.value.result is not None and e.value.result.exit_code == 125
+    with pytest.raises(JobRejected, match="files"):
+        Forkbox.run("true", files={"../escape.txt": "x"})
+    with pytest.raises(JobRejected, match="bogus"):
+        Forkbox.run_job({"cmd": "true", "bogus": 1})
+    assert Forkbox.run("echo still fine").stdout == "still fine\n"
+
+
+def test_memory_and_pid_limits_are_accepted(daemon: Daemon) -> None:
+    res = Forkbox.run("echo ok", memory_mb=128, pids=16)
+    assert res.status == "ok" and res.stdout == "ok\n"
+
+
+# -- concurrency -----------------------------------------------------------------------------
+
+
+def _job(i: int) -> str:
+    return f"echo out-{i}; echo err-{i} >&2; printf '%s' {i} > n.txt; cat n.txt"
+
+
+def _check(i: int, res: Any) -> None:
+    assert res.status == "ok", (i, res)
+    assert res.stdout == f"out-{i}\n{i}", (i, res.stdout)
+    assert res.stderr == f"err-{i}\n", (i, res.stderr)
+
+
+def test_100_concurrent_calls_from_threads(daemon: Daemon) -> None:
+    results: Dict[int, Any] = {}
+    errors: List[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = Forkbox.run(_job(i))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    assert sorted(results) == list(range(100))
+    for i, res in results.items():
+        _check(i, res)
+
+
+def test_100_concurrent_calls_from_asyncio(daemon: Daemon) -> None:
+    async def main() -> List[Any]:
+        async with AsyncForkbox(socket=daemon.socket) as fb:
+            return await asyncio.gather(*(fb.run(_job(i)) for i in range(100)))
+
+    for i, res in enumerate(asyncio.run(main())):
+        _check(i, res)
+
+
+# -- the daemon's socket and protocol --------------------------------------------------------
+
+
+def test_daemon_not_running(tmp_path: Path) -> None:
+    path = tmp_path / "nobody.sock"
+    with pytest.raises(DaemonNotRunning) as e:
+        Forkbox(socket=path).run("true")
+    assert f"forkbox daemon --socket {path}" in str(e.value)
+
+
+def test_socket_mode_is_0600(daemon: Daemon) -> None:
+    st = os.stat(daemon.socket)
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600, oct(stat.S_IMODE(st.st_mode))
+
+
+class RawConn:
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(path))
+        self.buf = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def line(self) -> Dict[str, Any]:
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            assert chunk, "the daemon closed the connection"
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        obj: Dict[str, Any] = json.loads(line)
+        return obj
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_malformed_request_then_a_good_one_on_the_same_connection(daemon: Daemon) -> None:
+    c = RawConn(daemon.socket)
+    try:
+        c.send(b"this is not json\n")
+        bad = c.line()
+        assert bad["status"] == "invalid" and bad["exit_code"] == 125
+        assert bad["id"] is None and bad["error"]
+        c.send(json.dumps({"id": "bad-field", "cmd": "true", "bogus": 1}).encode() + b"\n")
+        bad2 = c.line()
+        assert bad2["id"] == "bad-field" and bad2["status"] == "invalid" and "bogus" in bad2["error"]
+        c.send(json.dumps({"id": "good", "cmd": "echo fine"}).encode() + b"\n")
+        good = c.line()
+        assert good["id"] == "good" and good["status"] == "ok" and good["stdout"] == "fine\n"
+    finally:
+        c.close()
+
+
+def test_pipelined_requests_on_one_raw_connection(daemon: Daemon) -> None:
+    c = RawConn(daemon.socket)
+    try:
+        c.send(
+            b"".join(
+                json.dumps({"id": f"p{i}", "cmd": f"sleep 0.{3 - i}; echo {i}"}).encode() + b"\n" for i in range(3)
+            )
+        )
+        got = {}
+        for _ in range(3):
+            r = c.line()
+            got[r["id"]] = r["stdout"]
+        assert got == {"p0": "0\n", "p1": "1\n", "p2": "2\n"}
+    finally:
+        c.close()
+
+
+def test_oversized_request_is_rejected(daemon: Daemon) -> None:
+    c = RawConn(daemon.socket)
+    try:
+        big = b'{"id":"big","cmd":"true","env":{"X":"' + b"a" * (11 * 1024 * 1024) + b'"}}\n'
+        try:
+            c.send(big)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon may stop reading early; its answer is still in the socket
+        r = c.line()
+        assert r["status"] == "invalid" and r["exit_code"] == 125, r
+        assert r["error"]
+    finally:
+        c.close()
+    # The daemon still serves new connections.
+    assert Forkbox(socket=daemon.socket).run("echo after").stdout == "after\n"
+
+
+def test_refuses_a_path_that_is_not_its_socket(forkbox_bin: Path) -> None:
+    d = short_tmpdir("fbr-")
+    target = d / "fb.sock"
+    target.write_text("precious")
+    proc = start_daemon(forkbox_bin, target, d / "daemon.log", slots=1)
+    try:
+        code = proc.popen.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.stop()
+        pytest.fail(f"the daemon started over a regular file:\n{tail(proc.log)}")
+    proc.stop()
+    assert code != 0
+    assert target.read_text() == "precious"
+
+
+def test_sigterm_removes_the_socket(forkbox_bin: Path) -> None:
+    d = short_tmpdir("fbs-")
+    sock = d / "fb.sock"
+    proc = start_daemon(forkbox_bin, sock, d / "daemon.log", slots=1)
+    wait_for_socket(proc, sock)
+    assert Forkbox(socket=sock).run("echo up").stdout == "up\n"
+    proc.popen.send_signal(signal.SIGTERM)
+    code = proc.popen.wait(15)
+    proc.stop()
+    assert code == 0, tail(proc.log)
+    assert not sock.exists()
+
+
+# -- examples and tools ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (SDK_DIR / "examples").glob("*.py") if "queue" not in p.name))
+def test_examples_run(daemon: Daemon, script: str) -> None:
+    env = dict(os.environ, FORKBOX_SOCKET=str(daemon.socket))
+    out = subprocess.run(
+        [sys.executable, str(SDK_DIR / "examples" / script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_code_interpreter(daemon: Daemon) -> None:
+    from forkbox.tools import code_interpreter
+
+    python = code_interpreter(timeout_ms=2000)
+    assert python("import math\nprint(math.factorial(20))") == "2432902008176640000"
+    err = python("raise ValueError('boom')")
+    assert "ValueError: boom" in err and err.endswith("[status: failed, exit code 1]")
+    assert python("while True: pass").endswith("[status: timeout after 2000 ms, exit code 124]")
