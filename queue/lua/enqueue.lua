@@ -1,0 +1,21 @@
+-- Enqueue one job unless its id is already pending or its result is still alive.
+--
+-- KEYS[1] jobs stream   KEYS[2] idem marker   KEYS[3] result   KEYS[4] batch hash
+-- ARGV[1] job JSON      ARGV[2] marker/batch TTL in seconds
+-- ARGV[3] '1' when the job counts towards the batch in KEYS[4]
+--
+-- Returns {1, entry id} when the job was added, {0, entry id of the first copy or ''} when not.
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {0, ''}
+end
+local first = redis.call('GET', KEYS[2])
+if first then
+  return {0, first}
+end
+local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])
+redis.call('SET', KEYS[2], entry, 'EX', ARGV[2])
+if ARGV[3] == '1' then
+  redis.call('HINCRBY', KEYS[4], 'total', 1)
+  redis.call('EXPIRE', KEYS[4], ARGV[2])
+end
+return {1, entry}

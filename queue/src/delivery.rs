@@ -1,0 +1,330 @@
+//! Taking jobs off a queue.
+//!
+//! A worker reads with XREADGROUP through the group `workers`, never more entries than it has
+//! free slots. Every entry becomes a [`Delivery`], parsed or not: a malformed entry is still a
+//! delivery (its `job` is the error) so the worker can dead-letter it with the reason. At
+//! start-up a worker first takes back its own pending entries ([`Queue::read_own_pending`]),
+//! which a previous life of the same consumer name left behind.
+
+use std::collections::HashMap;
+
+use redis::Value;
+
+use crate::error::QueueError;
+use crate::keys::{GROUP, JOB_FIELD};
+use crate::queue::Queue;
+use crate::reply::{self, RawEntry};
+use crate::schema::{Job, JobError, MAX_ID_LEN};
+
+/// One stream entry handed to this worker.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The queue it came from.
+    pub queue: String,
+    /// The stream entry id (`<ms>-<seq>`), used to acknowledge it.
+    pub entry_id: String,
+    /// The id the result is stored under: the job's `id`; for a malformed job, its `id` field
+    /// when that is a valid id; otherwise the entry id (so a raw `XADD` without id can be waited
+    /// on with the id XADD returned).
+    pub id: String,
+    /// The raw `job` field (empty when the entry had none).
+    pub payload: Vec<u8>,
+    /// The parsed job, or why it is malformed.
+    pub job: Result<Job, JobError>,
+    /// How many times Redis has handed this entry out, this time included (1 for a first
+    /// read). Use it as the result's `attempt`.
+    pub deliveries: u64,
+}
+
+impl Delivery {
+    pub(crate) fn from_entry(
+        queue: &str,
+        entry: &RawEntry,
+        deliveries: u64,
+        max_bytes: usize,
+    ) -> Delivery {
+        let (payload, job) = match entry.field(JOB_FIELD) {
+            Some(p) => (p.to_vec(), parse_payload(p, max_bytes)),
+            None => {
+                let names: Vec<String> = entry
+                    .fields
+                    .iter()
+                    .flatten()
+                    .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+                    .collect();
+                (
+                    Vec::new(),
+                    Err(JobError::Schema {
+                        path: "job".into(),
+                        message: format!(
+                            "stream entry has no `job` field (fields: {})",
+                            if names.is_empty() {
+                                "none".to_owned()
+                            } else {
+                                names.join(", ")
+                            }
+                        ),
+                    }),
+                )
+            }
+        };
+        let id = match &job {
+            Ok(j) => j.id.clone(),
+            Err(JobError::TooLarge { .. }) => None,
+            Err(_) => lenient_field(&payload, "id").filter(|id| valid_id(id)),
+        }
+        .unwrap_or_else(|| entry.id.clone());
+        Delivery {
+            queue: queue.to_owned(),
+            entry_id: entry.id.clone(),
+            id,
+            payload,
+            job,
+            deliveries: deliveries.max(1),
+        }
+    }
+
+    /// The job's batch; for a malformed job, its `batch` field when that is a string.
+    pub fn batch(&self) -> Option<String> {
+        match &self.job {
+            Ok(j) => j.batch.clone(),
+            Err(JobError::TooLarge { .. }) => None,
+            Err(_) => lenient_field(&self.payload, "batch"),
+        }
+    }
+
+    /// The job's `max_attempts`, else `default`.
+    pub fn max_attempts(&self, default: u32) -> u32 {
+        self.job
+            .as_ref()
+            .ok()
+            .and_then(|j| j.max_attempts)
+            .unwrap_or(default)
+    }
+}
+
+/// The size check, a UTF-8 check with its own message, then the strict parse.
+pub fn parse_payload(payload: &[u8], max_bytes: usize) -> Result<Job, JobError> {
+    if payload.len() > max_bytes {
+        return Err(JobError::TooLarge {
+            size: payload.len(),
+            limit: max_bytes,
+        });
+    }
+    if let Err(e) = std::str::from_utf8(payload) {
+        return Err(JobError::NotJson(format!(
+            "payload is not UTF-8 (invalid byte at offset {})",
+            e.valid_up_to()
+        )));
+    }
+    Job::parse(payload, max_bytes)
+}
+
+fn lenient_field(payload: &[u8], name: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    v.get(name)?.as_str().map(str::to_owned)
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID_LEN && id.bytes().all(|b| b.is_ascii_graphic())
+}
+
+impl Queue {
+    pub(crate) fn read_err(&self, source: redis::RedisError) -> QueueError {
+        QueueError::Read {
+            queue: self.name().to_owned(),
+            source,
+        }
+    }
+
+    /// Reads up to `count` new entries for `consumer`: `XREADGROUP GROUP workers <consumer>
+    /// COUNT <count> BLOCK <block_ms> STREAMS forkbox:{Q}:jobs >`. `block_ms == 0` does not
+    /// block (unlike Redis' `BLOCK 0`, which would wait forever). A blocking read uses a
+    /// connection of its own, so other calls on this queue are not held up. Creates the group
+    /// when it is missing (a fresh or flushed Redis). Every delivery here has `deliveries == 1`.
+    ///
+    /// Dropping the future mid-read closes its connection; an entry Redis handed out in that
+    /// instant stays pending for `consumer` and comes back through [`Queue::read_own_pending`]
+    /// or the reclaimer.
+    pub async fn read(
+        &self,
+        consumer: &str,
+        count: usize,
+        block_ms: u64,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count);
+        if block_ms > 0 {
+            cmd.arg("BLOCK").arg(block_ms);
+        }
+        cmd.arg("STREAMS").arg(self.keys.jobs()).arg(">");
+        let reply = match self.run_read(&cmd, block_ms > 0).await {
+            Err(e) if e.code() == Some("NOGROUP") => {
+                self.ensure_group().await?;
+                self.run_read(&cmd, block_ms > 0).await
+            }
+            r => r,
+        }
+        .map_err(|e| self.read_err(e))?;
+        Ok(reply::xread(&reply)
+            .into_iter()
+            .flat_map(|(_, entries)| entries)
+            .map(|e| Delivery::from_entry(self.name(), &e, 1, self.config.max_job_bytes))
+            .collect())
+    }
+
+    pub(crate) async fn run_read(
+        &self,
+        cmd: &redis::Cmd,
+        blocking: bool,
+    ) -> redis::RedisResult<Value> {
+        if blocking {
+            let mut conn = self.broker.take_blocking().await?;
+            let r = cmd.query_async(&mut conn).await;
+            let healthy = match &r {
+                Ok(_) => true,
+                Err(e) => !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()),
+            };
+            self.broker.give_back(conn, healthy);
+            r
+        } else {
+            cmd.query_async(&mut self.conn()).await
+        }
+    }
+
+    /// Takes back up to `count` of `consumer`'s own pending entries (XREADGROUP id `0`): what a
+    /// previous run under the same name was handed and never acknowledged. Call it once at
+    /// start-up with the free slots; entries beyond that stay pending and reach the reclaimer.
+    /// Entries deleted from the stream are acknowledged and dropped; entries whose id already
+    /// has a result are acknowledged and dropped (see [`Queue::discard_completed`]).
+    pub async fn read_own_pending(
+        &self,
+        consumer: &str,
+        count: usize,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        if count == 0 {
+            return Ok(Vec::new());
+        }
+        let jobs = self.keys.jobs();
+        // Both commands walk the consumer's pending list from the start, so they see the same
+        // entries; one round trip gives the payloads and the delivery counts.
+        let mut pipe = redis::pipe();
+        pipe.cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg(GROUP)
+            .arg(consumer)
+            .arg("COUNT")
+            .arg(count)
+            .arg("STREAMS")
+            .arg(&jobs)
+            .arg("0")
+            .cmd("XPENDING")
+            .arg(&jobs)
+            .arg(GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(count)
+            .arg(consumer);
+        let r: redis::RedisResult<(Value, Value)> = pipe.query_async(&mut self.conn()).await;
+        let (read, pending) = match r {
+            Err(e) if e.code() == Some("NOGROUP") => {
+                self.ensure_group().await?;
+                return Ok(Vec::new());
+            }
+            r => r.map_err(|e| self.read_err(e))?,
+        };
+        let counts: HashMap<String, u64> = reply::pending_rows(&pending)
+            .into_iter()
+            .map(|(id, _, _, n)| (id, n))
+            .collect();
+        let mut gone = Vec::new();
+        let mut out = Vec::new();
+        for entry in reply::xread(&read).into_iter().flat_map(|(_, e)| e) {
+            if entry.fields.is_none() {
+                gone.push(entry.id);
+                continue;
+            }
+            let n = counts.get(&entry.id).copied().unwrap_or(1);
+            out.push(Delivery::from_entry(
+                self.name(),
+                &entry,
+                n,
+                self.config.max_job_bytes,
+            ));
+        }
+        if !gone.is_empty() {
+            self.ack_and_delete(&gone)
+                .await
+                .map_err(|e| self.read_err(e))?;
+        }
+        Ok(self.discard_completed(out).await?.0)
+    }
+
+    /// For each id, whether a result exists. One round trip.
+    pub async fn has_results(&self, ids: &[&str]) -> Result<Vec<bool>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.exists(self.keys.result(id));
+        }
+        pipe.query_async(&mut self.conn())
+            .await
+            .map_err(|source| QueueError::Results {
+                queue: self.name().to_owned(),
+                source,
+            })
+    }
+
+    /// Acknowledges and deletes the deliveries whose id already has a result (duplicates of a
+    /// finished job: never run them again) and returns the others, with the number dropped.
+    /// [`Queue::read_own_pending`] and [`Queue::reclaim`] do this already; call it on fresh
+    /// reads only if a job might be added twice by a raw XADD with the same id.
+    pub async fn discard_completed(
+        &self,
+        deliveries: Vec<Delivery>,
+    ) -> Result<(Vec<Delivery>, usize), QueueError> {
+        let ids: Vec<&str> = deliveries.iter().map(|d| d.id.as_str()).collect();
+        let done = self.has_results(&ids).await?;
+        let (dups, keep): (Vec<_>, Vec<_>) = deliveries
+            .into_iter()
+            .zip(done)
+            .partition(|(_, done)| *done);
+        if !dups.is_empty() {
+            let entry_ids: Vec<String> = dups.iter().map(|(d, _)| d.entry_id.clone()).collect();
+            self.ack_and_delete(&entry_ids)
+                .await
+                .map_err(|e| self.read_err(e))?;
+        }
+        Ok((keep.into_iter().map(|(d, _)| d).collect(), dups.len()))
+    }
+
+    /// XACK + XDEL in one MULTI/EXEC.
+    pub(crate) async fn ack_and_delete(&self, entry_ids: &[String]) -> redis::RedisResult<()> {
+        if entry_ids.is_empty() {
+            return Ok(());
+        }
+        let jobs = self.keys.jobs();
+        redis::pipe()
+            .atomic()
+            .cmd("XACK")
+            .arg(&jobs)
+            .arg(GROUP)
+            .arg(entry_ids)
+            .ignore()
+            .cmd("XDEL")
+            .arg(&jobs)
+            .arg(entry_ids)
+            .ignore()
+            .query_async(&mut self.conn())
+            .await
+    }
+}

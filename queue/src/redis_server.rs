@@ -1,0 +1,293 @@
+//! A private `redis-server` process.
+//!
+//! Tests of every crate need a real Redis they own (never the data behind port 6379), and
+//! `forkbox up` starts its own when none is reachable. [`RedisServer`] starts `redis-server` on
+//! a free 127.0.0.1 port with its data in a directory it owns, waits until the server answers
+//! `PING`, and kills it when dropped. [`RedisServer::restart`] brings it back on the same port
+//! and directory, so with `appendonly` the data survives a SIGKILL, which is how tests simulate
+//! a Redis crash.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a start may take before it counts as failed (AOF replay included).
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Fresh ports tried when the chosen one was taken between probing and binding.
+const PORT_ATTEMPTS: usize = 5;
+
+/// Why the server could not be started or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisServerError {
+    #[error("creating the data directory: {0}")]
+    CreateDir(#[source] std::io::Error),
+    #[error("finding a free port: {0}")]
+    FreePort(#[source] std::io::Error),
+    #[error("spawning {binary}: {source}")]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("redis-server on port {port} exited during start-up ({status}); log: {log}")]
+    Exited {
+        port: u16,
+        status: std::process::ExitStatus,
+        log: String,
+    },
+    #[error("redis-server on port {port} did not answer PING within {timeout:?}; log: {log}")]
+    NotReady {
+        port: u16,
+        timeout: Duration,
+        log: String,
+    },
+    #[error("killing redis-server: {0}")]
+    Kill(#[source] std::io::Error),
+}
+
+/// How to run the server.
+#[derive(Debug, Clone)]
+pub struct RedisServerOptions {
+    /// Append-only file on (`appendfsync always`), so acknowledged writes survive a SIGKILL.
+    pub appendonly: bool,
+    /// The `redis-server` binary; a bare name is looked up in `PATH`.
+    pub binary: PathBuf,
+    /// Data directory; a fresh temporary directory (removed on drop) when `None`.
+    pub dir: Option<PathBuf>,
+    /// Also listen on a Unix socket `redis.sock` in the data directory.
+    pub unix_socket: bool,
+}
+
+impl Default for RedisServerOptions {
+    fn default() -> Self {
+        RedisServerOptions {
+            appendonly: false,
+            binary: std::env::var_os("FORKBOX_REDIS_SERVER")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("redis-server")),
+            dir: None,
+            unix_socket: false,
+        }
+    }
+}
+
+/// A running `redis-server` owned by this process. Dropping it kills the server.
+#[derive(Debug)]
+pub struct RedisServer {
+    options: RedisServerOptions,
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    // Held for its Drop, which removes the directory; declared after `child` is irrelevant
+    // because Drop of RedisServer kills the child first.
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl RedisServer {
+    /// Starts a server with default options (no persistence).
+    pub fn start() -> Result<RedisServer, RedisServerError> {
+        RedisServer::start_with(RedisServerOptions::default())
+    }
+
+    /// Starts a server with the append-only file on.
+    pub fn start_persistent() -> Result<RedisServer, RedisServerError> {
+        RedisServer::start_with(RedisServerOptions {
+            appendonly: true,
+            ..RedisServerOptions::default()
+        })
+    }
+
+    /// Starts a server on a free port.
+    pub fn start_with(options: RedisServerOptions) -> Result<RedisServer, RedisServerError> {
+        let (dir, temp) = match &options.dir {
+            Some(d) => {
+                std::fs::create_dir_all(d).map_err(RedisServerError::CreateDir)?;
+                (d.clone(), None)
+            }
+            None => {
+                let t = tempfile::Builder::new()
+                    .prefix("forkbox-redis-")
+                    .tempdir()
+                    .map_err(RedisServerError::CreateDir)?;
+                (t.path().to_owned(), Some(t))
+            }
+        };
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let mut server = RedisServer {
+                options: options.clone(),
+                port,
+                dir: dir.clone(),
+                child: None,
+                _temp: None,
+            };
+            match server.spawn_and_wait() {
+                Ok(()) => {
+                    server._temp = temp;
+                    return Ok(server);
+                }
+                // Another process took the port between the probe and redis' bind: try another.
+                Err(e @ RedisServerError::Exited { .. }) if e.to_string().contains("in use") => {
+                    last_err = Some(e)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last_err.expect("at least one attempt was made"))
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// `redis+unix://<dir>/redis.sock`, when started with `unix_socket`.
+    pub fn unix_url(&self) -> Option<String> {
+        self.options
+            .unix_socket
+            .then(|| format!("redis+unix://{}", self.socket_path().display()))
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data directory (AOF files and `redis.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The process id while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is alive.
+    pub fn is_running(&mut self) -> bool {
+        match &mut self.child {
+            Some(c) => matches!(c.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// Kills the server with SIGKILL (a crash: nothing is flushed beyond what the AOF holds).
+    pub fn kill(&mut self) -> Result<(), RedisServerError> {
+        if let Some(mut child) = self.child.take() {
+            // kill() fails only when the process was already reaped, which wait() settles.
+            let _ = child.kill();
+            child.wait().map_err(RedisServerError::Kill)?;
+        }
+        Ok(())
+    }
+
+    /// Kills the server if it runs, then starts it again on the same port and directory.
+    pub fn restart(&mut self) -> Result<(), RedisServerError> {
+        self.kill()?;
+        self.spawn_and_wait()
+    }
+
+    /// The last lines of the server's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(8)..].join(" | ")
+    }
+
+    fn socket_path(&self) -> PathBuf {
+        self.dir.join("redis.sock")
+    }
+
+    fn spawn_and_wait(&mut self) -> Result<(), RedisServerError> {
+        let mut cmd = Command::new(&self.options.binary);
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(["--logfile", "redis.log"])
+            .args(["--save", ""])
+            .args(["--daemonize", "no"])
+            .args(["--protected-mode", "yes"]);
+        if self.options.appendonly {
+            cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
+        } else {
+            cmd.args(["--appendonly", "no"]);
+        }
+        if self.options.unix_socket {
+            cmd.arg("--unixsocket")
+                .arg(self.socket_path())
+                .args(["--unixsocketperm", "700"]);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = cmd.spawn().map_err(|source| RedisServerError::Spawn {
+            binary: self.options.binary.clone(),
+            source,
+        })?;
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = &mut self.child {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    return Err(RedisServerError::Exited {
+                        port: self.port,
+                        status,
+                        log: self.log_tail(),
+                    });
+                }
+            }
+            if ping(self.port) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let _ = self.kill();
+                return Err(RedisServerError::NotReady {
+                    port: self.port,
+                    timeout: START_TIMEOUT,
+                    log: self.log_tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}
+
+/// A port the kernel just gave out and released; never 6379 by construction of the retry.
+fn free_port() -> Result<u16, RedisServerError> {
+    loop {
+        let listener = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
+            .map_err(RedisServerError::FreePort)?;
+        let port = listener
+            .local_addr()
+            .map_err(RedisServerError::FreePort)?
+            .port();
+        if port != 6379 {
+            return Ok(port);
+        }
+    }
+}
+
+/// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF).
+fn ping(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    if s.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 64];
+    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
