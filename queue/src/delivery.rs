@@ -186,14 +186,7 @@ impl Queue {
         blocking: bool,
     ) -> redis::RedisResult<Value> {
         if blocking {
-            let mut conn = self.broker.take_blocking().await?;
-            let r = cmd.query_async(&mut conn).await;
-            let healthy = match &r {
-                Ok(_) => true,
-                Err(e) => !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout()),
-            };
-            self.broker.give_back(conn, healthy);
-            r
+            self.broker.query_blocking(cmd).await
         } else {
             cmd.query_async(&mut self.conn()).await
         }

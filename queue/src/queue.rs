@@ -130,24 +130,33 @@ impl Broker {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// A connection no one else sends commands on, for the length of one blocking command.
-    pub(crate) async fn take_blocking(&self) -> RedisResult<MultiplexedConnection> {
+    /// Runs one blocking command on a connection no one else sends commands on, taken from
+    /// the pool or opened. A pooled connection may have died while idle (Redis restarted): on
+    /// a connection error the command is sent once more on a fresh connection. The pool holds
+    /// only idle connections: one whose command future is dropped mid-way is dropped with it.
+    pub(crate) async fn query_blocking(&self, cmd: &redis::Cmd) -> RedisResult<redis::Value> {
         let pooled = self.inner.blocking.lock().expect("pool lock").pop();
-        match pooled {
-            Some(c) => Ok(c),
-            None => self.inner.client.get_multiplexed_async_connection().await,
+        if let Some(mut conn) = pooled {
+            match cmd.query_async(&mut conn).await {
+                Err(e) if is_connection_error(&e) => {}
+                r => {
+                    self.give_back(conn);
+                    return r;
+                }
+            }
         }
+        let mut conn = self.inner.client.get_multiplexed_async_connection().await?;
+        let r = cmd.query_async(&mut conn).await;
+        if !matches!(&r, Err(e) if is_connection_error(e)) {
+            self.give_back(conn);
+        }
+        r
     }
 
-    /// Returns a connection after a command that did not fail on the connection itself. A
-    /// connection whose command future was dropped mid-way is never returned (it is dropped
-    /// with the future), so the pool holds only idle connections.
-    pub(crate) fn give_back(&self, conn: MultiplexedConnection, outcome_ok: bool) {
-        if outcome_ok {
-            let mut pool = self.inner.blocking.lock().expect("pool lock");
-            if pool.len() < 16 {
-                pool.push(conn);
-            }
+    fn give_back(&self, conn: MultiplexedConnection) {
+        let mut pool = self.inner.blocking.lock().expect("pool lock");
+        if pool.len() < 16 {
+            pool.push(conn);
         }
     }
 
@@ -239,6 +248,10 @@ impl Queue {
     pub(crate) fn ttl_for(&self, job_ttl: Option<u64>) -> u64 {
         job_ttl.unwrap_or(self.config.result_ttl_s).max(1)
     }
+}
+
+pub(crate) fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout()
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -231,7 +231,9 @@ async fn dlq_requeue_runs_the_job_again_and_purge_empties_it() {
     }
     let ds = q.read("w", 3, 100).await.unwrap();
     for d in &ds {
-        q.dead_letter(d, "sandbox set-up failed", "w").await.unwrap();
+        q.dead_letter(d, "sandbox set-up failed", "w")
+            .await
+            .unwrap();
     }
     assert_eq!(
         q.result("d0").await.unwrap().unwrap().outcome.status,
@@ -349,7 +351,9 @@ async fn a_queue_set_reads_higher_priorities_first() {
         low.enqueue(&Job::shell(format!("low {i}"))).await.unwrap();
     }
     for i in 0..2 {
-        high.enqueue(&Job::shell(format!("high {i}"))).await.unwrap();
+        high.enqueue(&Job::shell(format!("high {i}")))
+            .await
+            .unwrap();
     }
     let got = set.read("w", 3, 100).await.unwrap();
     let from: Vec<&str> = got.iter().map(|d| d.queue.as_str()).collect();
