@@ -119,7 +119,7 @@ async fn reclaim_reports_entries_deleted_while_pending() {
     let _: i64 = c.xdel(q.keys().jobs(), &[&d.entry_id]).await.unwrap();
     let got = q.reclaim("alive", 0, 10).await.unwrap();
     assert!(got.deliveries.is_empty());
-    assert_eq!(got.deleted, [d.entry_id.clone()]);
+    assert_eq!(got.deleted, std::slice::from_ref(&d.entry_id));
     assert_eq!(q.stats().await.unwrap().pending, 0);
 }
 
@@ -166,7 +166,10 @@ async fn refreshed_claims_stay_with_their_worker() {
     age(&q, "runner", stalled, 100_000).await;
 
     // The runner refreshes one entry: its idle time resets, its delivery count stays 1.
-    let lost = q.refresh_claims("runner", &[kept.clone()]).await.unwrap();
+    let lost = q
+        .refresh_claims("runner", std::slice::from_ref(kept))
+        .await
+        .unwrap();
     assert!(lost.is_empty());
     let got = q.reclaim("thief", 50_000, 10).await.unwrap();
     let taken: Vec<&str> = got.deliveries.iter().map(|d| d.entry_id.as_str()).collect();
@@ -185,7 +188,7 @@ async fn refreshed_claims_stay_with_their_worker() {
         .refresh_claims("runner", &[kept.clone(), stalled.clone()])
         .await
         .unwrap();
-    assert_eq!(&lost, &[stalled.clone()]);
+    assert_eq!(lost, std::slice::from_ref(stalled));
     let rows = pending_rows(&q).await;
     let row = rows.iter().find(|r| &r.0 == stalled).unwrap();
     assert_eq!((row.1.as_str(), row.3), ("thief", 2));
