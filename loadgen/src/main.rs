@@ -1,7 +1,66 @@
 //! `forkbox-loadgen`: drives a Forkbox cluster and reports throughput and latency.
+//!
+//! Exit status: 0 when every job got exactly one result, 1 when a job was lost or duplicated
+//! or the run failed, 130 when interrupted. The first Ctrl-C (or SIGTERM) stops sending and
+//! writes a partial report; the second abandons the run, and the guards still kill the workers
+//! and remove the simulated hosts on the way out.
 
 #![forbid(unsafe_code)]
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("forkbox-loadgen is not built yet")
+use std::process::ExitCode;
+
+use clap::Parser;
+use forkbox_loadgen::cli::Args;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    let (cancel_tx, cancel_rx) = watch::channel(false);
+    let (abort_tx, mut abort_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let Ok(mut term) = signal(SignalKind::terminate()) else {
+            return;
+        };
+        let mut count = 0;
+        loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            count += 1;
+            if count == 1 {
+                eprintln!("forkbox-loadgen: interrupted; finishing with a partial report (again to abort)");
+                let _ = cancel_tx.send(true);
+            } else {
+                let _ = abort_tx.send(true);
+            }
+        }
+    });
+    let result = tokio::select! {
+        r = forkbox_loadgen::run::run(args, cancel_rx) => r,
+        _ = abort_rx.changed() => Err(anyhow::anyhow!("aborted")),
+    };
+    match result {
+        Ok(report) => {
+            println!("{}", report.summary_table());
+            if report.interrupted {
+                eprintln!("forkbox-loadgen: the run was interrupted");
+                ExitCode::from(130)
+            } else if !report.ok {
+                eprintln!(
+                    "forkbox-loadgen: FAILED: {} lost, {} duplicated",
+                    report.lost, report.duplicated
+                );
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("forkbox-loadgen: {e:#}");
+            ExitCode::from(1)
+        }
+    }
 }

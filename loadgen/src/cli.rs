@@ -1,0 +1,181 @@
+//! Command-line interface. Operators' scripts rely on these names; change them only with care.
+
+use std::path::PathBuf;
+
+use clap::{ArgGroup, Parser};
+use serde::Serialize;
+
+/// Drives a Forkbox cluster through Redis and reports throughput, latency, and lost or
+/// duplicated jobs.
+#[derive(Debug, Clone, Parser, Serialize)]
+#[command(name = "forkbox-loadgen", version)]
+#[command(group(ArgGroup::new("load").args(["concurrency", "rate", "ramp"])))]
+#[command(group(ArgGroup::new("length").args(["jobs", "duration"])))]
+pub struct Args {
+    /// Redis URL. Without it, the load generator starts its own redis-server (required by
+    /// --hosts and --restart-redis-at).
+    #[arg(long, env = "FORKBOX_REDIS")]
+    pub redis: Option<String>,
+    /// Queue name.
+    #[arg(long, default_value = "loadgen")]
+    pub queue: String,
+    /// Send N jobs, then wait for their results.
+    #[arg(long)]
+    pub jobs: Option<u64>,
+    /// Send jobs for SECS seconds, then wait for their results.
+    #[arg(long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Closed loop: keep C jobs in flight (the default, with C = 2 × workers × slots).
+    #[arg(long, value_name = "C")]
+    pub concurrency: Option<usize>,
+    /// Open loop: send R jobs per second on a fixed schedule.
+    #[arg(long, value_name = "R")]
+    pub rate: Option<f64>,
+    /// Step the rate up until p99 or the error rate crosses its bound; report the highest
+    /// sustainable throughput.
+    #[arg(long)]
+    pub ramp: bool,
+    /// Workload mix, `KIND[:ARG][:WEIGHT],...` (kinds: noop, python, sleep, cpu, humaneval,
+    /// hostile, jsonl:FILE), or a file holding one.
+    #[arg(long, default_value = "noop")]
+    pub mix: String,
+    /// Start K local worker nodes.
+    #[arg(long, value_name = "K")]
+    pub spawn_workers: Option<usize>,
+    /// Slots per spawned worker.
+    #[arg(long, value_name = "S", default_value_t = 2)]
+    pub slots: u32,
+    /// Put the spawned workers in H network namespaces (simulated hosts) reaching Redis over
+    /// veth pairs and a bridge. Needs root.
+    #[arg(long, value_name = "H")]
+    pub hosts: Option<usize>,
+    /// Scaling run: measure with 1..K spawned workers (or --scale-steps) and report throughput
+    /// against K.
+    #[arg(long, requires = "spawn_workers")]
+    pub scale: bool,
+    /// Worker counts for --scale, e.g. 1,2,4.
+    #[arg(long, value_delimiter = ',', requires = "scale")]
+    pub scale_steps: Option<Vec<usize>>,
+    /// SIGKILL one spawned worker when this share of the run is done (e.g. 30%).
+    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
+    pub kill_worker_at: Option<f64>,
+    /// SIGKILL and restart the load generator's own Redis when this share of the run is done.
+    #[arg(long, value_name = "PCT", value_parser = parse_pct)]
+    pub restart_redis_at: Option<f64>,
+    /// Visibility timeout passed to spawned workers (2000 by default when a fault is injected).
+    #[arg(long, value_name = "MS")]
+    pub visibility_timeout_ms: Option<u64>,
+    /// End a phase when no result arrived for this long after the last send (default: 30 s,
+    /// or twice the visibility timeout plus 10 s when that is longer).
+    #[arg(long, value_name = "SECS")]
+    pub drain_timeout: Option<f64>,
+    /// Noop jobs sent and awaited before measuring (default: 2 × workers × slots when workers
+    /// are spawned, else 0).
+    #[arg(long, value_name = "N")]
+    pub warmup: Option<u64>,
+    /// Write report.json, report.md, SVG plots and worker logs here.
+    #[arg(long, value_name = "DIR")]
+    pub report: Option<PathBuf>,
+    /// HumanEval data set (.jsonl or .jsonl.gz).
+    #[arg(long, env = "FORKBOX_HUMANEVAL", value_name = "PATH")]
+    pub humaneval: Option<PathBuf>,
+    /// Extra argument for each spawned worker (repeatable).
+    #[arg(long = "worker-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub worker_args: Vec<String>,
+    /// Ramp: first rate (jobs/s).
+    #[arg(long, default_value_t = 50.0)]
+    pub ramp_start: f64,
+    /// Ramp: rate added per step (default: --ramp-start).
+    #[arg(long)]
+    pub ramp_step: Option<f64>,
+    /// Ramp: seconds per step.
+    #[arg(long, default_value_t = 5.0)]
+    pub ramp_step_secs: f64,
+    /// Ramp: p99 bound in milliseconds.
+    #[arg(long, default_value_t = 500.0)]
+    pub ramp_p99_ms: f64,
+    /// Ramp: bound on the share of jobs lost or with an unexpected result.
+    #[arg(long, default_value_t = 0.01)]
+    pub ramp_max_error_rate: f64,
+    /// Ramp: most steps.
+    #[arg(long, default_value_t = 30)]
+    pub ramp_max_steps: usize,
+    /// Run id, part of every job id and namespace name (default: random, 6 hex digits).
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// A share of the run in percent, `30%` or `30`; returned as a fraction.
+pub fn parse_pct(s: &str) -> Result<f64, String> {
+    let t = s.trim().trim_end_matches('%');
+    let v: f64 = t
+        .parse()
+        .map_err(|_| format!("{s:?} is not a percentage (e.g. 30%)"))?;
+    if !(0.0..=100.0).contains(&v) {
+        return Err(format!("{s:?} is not between 0% and 100%"));
+    }
+    Ok(v / 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentages() {
+        assert_eq!(parse_pct("30%"), Ok(0.3));
+        assert_eq!(parse_pct("50"), Ok(0.5));
+        assert!(parse_pct("150%").is_err());
+        assert!(parse_pct("x").is_err());
+    }
+
+    #[test]
+    fn issue_interface_parses() {
+        let a = Args::try_parse_from([
+            "forkbox-loadgen",
+            "--redis",
+            "redis://127.0.0.1:7000/",
+            "--queue",
+            "q",
+            "--jobs",
+            "500",
+            "--concurrency",
+            "8",
+            "--mix",
+            "noop:80,python:15,sleep:5",
+            "--spawn-workers",
+            "2",
+            "--slots",
+            "3",
+            "--hosts",
+            "2",
+            "--kill-worker-at",
+            "30%",
+            "--restart-redis-at",
+            "60%",
+            "--report",
+            "/tmp/r",
+        ])
+        .unwrap();
+        assert_eq!(a.jobs, Some(500));
+        assert_eq!(a.kill_worker_at, Some(0.3));
+        assert_eq!(a.hosts, Some(2));
+        // One load mode and one length at most.
+        assert!(Args::try_parse_from(["x", "--rate", "5", "--concurrency", "2"]).is_err());
+        assert!(Args::try_parse_from(["x", "--jobs", "5", "--duration", "2"]).is_err());
+        assert!(Args::try_parse_from(["x", "--scale"]).is_err());
+        let s = Args::try_parse_from([
+            "x",
+            "--spawn-workers",
+            "4",
+            "--scale",
+            "--scale-steps",
+            "1,2,4",
+        ])
+        .unwrap();
+        assert_eq!(s.scale_steps, Some(vec![1, 2, 4]));
+    }
+}

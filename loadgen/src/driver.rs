@@ -1,0 +1,689 @@
+//! Sending jobs and reading results: one measured phase of a run.
+//!
+//! Jobs go in with a plain `XADD forkbox:{Q}:jobs * job <json>`, as any client would send them.
+//! Results are read from the results stream `forkbox:{Q}:results` with `XREAD BLOCK`, from the
+//! stream's last id taken before the first job is sent; each entry is timestamped on arrival
+//! and matched to its job by id. Reading the stream rather than waiting on each job's `done`
+//! list sees every result, duplicates included: two entries for one id is a duplicate, which
+//! the protocol forbids, so it is reported. A job with no result when the phase ends is lost;
+//! before calling it lost the phase looks up its result key, in case its stream entry was
+//! trimmed away before it was read.
+//!
+//! Connections reconnect on error, so a phase survives a Redis restart. A batch of `XADD`s that
+//! failed mid-way is resent only for the jobs that are neither in the job stream nor have a
+//! result: resending blindly would enqueue a job twice and report the worker's correct
+//! de-duplication, or its absence, as ours.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use indicatif::ProgressBar;
+use redis::aio::MultiplexedConnection;
+use redis::streams::StreamReadReply;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{mpsc, watch};
+
+use crate::mix::{JobSource, Planned};
+use crate::stats::{percentiles_ms, Recorder, ResultView};
+
+const RESPONSE_TIMEOUT: Duration = Duration::from_secs(5);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// `XREAD BLOCK` timeout; also bounds how long the reader takes to notice the end of a phase.
+const READ_BLOCK_MS: u64 = 250;
+/// Most jobs sent in one pipeline.
+const SEND_BATCH: usize = 500;
+/// After the last outstanding result, how long to keep reading for duplicates.
+const DUPLICATE_GRACE: Duration = Duration::from_millis(500);
+
+/// The key names of one queue, as in the protocol (`forkbox:{Q}:...`).
+#[derive(Debug, Clone)]
+pub struct QueueKeys {
+    prefix: String,
+}
+
+impl QueueKeys {
+    pub fn new(queue: &str) -> anyhow::Result<QueueKeys> {
+        anyhow::ensure!(
+            !queue.is_empty()
+                && queue.len() <= 64
+                && queue
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':')),
+            "queue name {queue:?} must be 1 to 64 printable characters without braces or colons"
+        );
+        Ok(QueueKeys {
+            prefix: format!("forkbox:{{{queue}}}:"),
+        })
+    }
+    pub fn jobs(&self) -> String {
+        format!("{}jobs", self.prefix)
+    }
+    pub fn results(&self) -> String {
+        format!("{}results", self.prefix)
+    }
+    pub fn result(&self, id: &str) -> String {
+        format!("{}result:{id}", self.prefix)
+    }
+}
+
+/// How jobs are offered.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum Load {
+    /// Keep `concurrency` jobs in flight.
+    Closed { concurrency: usize },
+    /// Send `rate` jobs per second on a fixed schedule, whatever the results do.
+    Open { rate: f64 },
+}
+
+/// When a phase stops sending.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Stop {
+    Jobs(u64),
+    After(Duration),
+}
+
+/// A fault injected part-way through a phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    KillWorker,
+    RestartRedis,
+}
+
+/// A fault that was injected.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FaultEvent {
+    pub fault: Fault,
+    /// Seconds since the run began.
+    pub at_s: f64,
+    pub detail: String,
+}
+
+/// The part of the cluster a phase can act on: inject faults and check the nodes still run.
+pub trait Cluster: Send {
+    fn inject(&mut self, fault: Fault) -> anyhow::Result<String>;
+    /// Fails when a node died that was not killed on purpose.
+    fn check(&mut self) -> anyhow::Result<()>;
+}
+
+#[derive(Debug, Clone)]
+pub struct PhaseSpec {
+    /// A short tag, part of every job id (`<run>-<tag>-<seq>`).
+    pub tag: String,
+    pub load: Load,
+    pub stop: Stop,
+    /// A phase ends when no result arrived for this long after the last send.
+    pub drain_timeout: Duration,
+    /// Faults and the fraction of the phase (0..1) at which each fires.
+    pub faults: Vec<(f64, Fault)>,
+}
+
+#[derive(Debug)]
+pub struct PhaseOutcome {
+    pub recorder: Recorder,
+    pub faults: Vec<FaultEvent>,
+    pub interrupted: bool,
+    /// Seconds since the run began.
+    pub started_s: f64,
+    pub ended_s: f64,
+}
+
+impl PhaseOutcome {
+    /// Sent jobs without any result.
+    pub fn lost(&self) -> u64 {
+        self.recorder
+            .records
+            .iter()
+            .filter(|r| r.sent_us.is_some() && r.results == 0)
+            .count() as u64
+    }
+}
+
+async fn connect(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(RESPONSE_TIMEOUT)
+        .set_connection_timeout(CONNECT_TIMEOUT);
+    client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// A connection that is re-established after an error.
+struct Conn {
+    client: redis::Client,
+    conn: Option<MultiplexedConnection>,
+}
+
+impl Conn {
+    async fn get(&mut self) -> redis::RedisResult<&mut MultiplexedConnection> {
+        if self.conn.is_none() {
+            self.conn = Some(connect(&self.client).await?);
+        }
+        Ok(self.conn.as_mut().expect("just connected"))
+    }
+
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> redis::RedisResult<T> {
+        let r = cmd.query_async(self.get().await?).await;
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+
+    async fn pipe<T: redis::FromRedisValue>(
+        &mut self,
+        p: &redis::Pipeline,
+    ) -> redis::RedisResult<T> {
+        let r = p.query_async(self.get().await?).await;
+        if r.is_err() {
+            self.conn = None;
+        }
+        r
+    }
+}
+
+/// The id of the last entry of `stream`, or `0-0`.
+async fn last_id(conn: &mut Conn, stream: &str) -> redis::RedisResult<String> {
+    let reply: redis::streams::StreamRangeReply = conn
+        .query(
+            redis::cmd("XREVRANGE")
+                .arg(stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1),
+        )
+        .await?;
+    Ok(reply
+        .ids
+        .first()
+        .map_or_else(|| "0-0".to_owned(), |e| e.id.clone()))
+}
+
+type Arrivals = Vec<(Instant, Vec<u8>)>;
+
+/// Reads the results stream from `from` until `stop` turns true, forwarding each batch of
+/// result JSON with its arrival time.
+async fn read_results(
+    client: redis::Client,
+    stream: String,
+    from: String,
+    tx: mpsc::UnboundedSender<Arrivals>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut conn = Conn { client, conn: None };
+    let mut last = from;
+    while !*stop.borrow() {
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT")
+            .arg(2000)
+            .arg("BLOCK")
+            .arg(READ_BLOCK_MS)
+            .arg("STREAMS")
+            .arg(&stream)
+            .arg(&last);
+        let reply: redis::RedisResult<Option<StreamReadReply>> = tokio::select! {
+            r = conn.query(&cmd) => r,
+            _ = stop.changed() => break,
+        };
+        let at = Instant::now();
+        match reply {
+            Ok(Some(reply)) => {
+                let mut batch = Vec::new();
+                for key in reply.keys {
+                    for entry in key.ids {
+                        if let Some(v) = entry.map.get("result") {
+                            if let Ok(bytes) = redis::from_redis_value::<Vec<u8>>(v) {
+                                batch.push((at, bytes));
+                            }
+                        }
+                        last = entry.id;
+                    }
+                }
+                if !batch.is_empty() && tx.send(batch).is_err() {
+                    break;
+                }
+            }
+            Ok(None) => {}
+            // Redis restarting: retry until it is back or the phase ends.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// Runs phases against one queue.
+pub struct Driver {
+    client: redis::Client,
+    keys: QueueKeys,
+    run: String,
+    t0: Instant,
+    pub progress: ProgressBar,
+    cancel: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver").field("run", &self.run).finish()
+    }
+}
+
+struct Progress<'a> {
+    bar: &'a ProgressBar,
+    last: Instant,
+    last_done: u64,
+    rate: f64,
+}
+
+impl Progress<'_> {
+    fn update(&mut self, rec: &Recorder, phase_start: Instant, spec: &PhaseSpec) {
+        let now = Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64();
+        if dt < 0.2 {
+            return;
+        }
+        let done = rec.completed();
+        let inst = (done - self.last_done) as f64 / dt;
+        self.rate = if self.rate == 0.0 {
+            inst
+        } else {
+            0.7 * self.rate + 0.3 * inst
+        };
+        self.last = now;
+        self.last_done = done;
+        match spec.stop {
+            Stop::Jobs(_) => self.bar.set_position(done),
+            Stop::After(_) => self
+                .bar
+                .set_position(now.duration_since(phase_start).as_secs()),
+        }
+        self.bar.set_message(format!(
+            "{} done, {:.0} jobs/s, p99 {:.1} ms, in flight {}",
+            done,
+            self.rate,
+            percentiles_ms(&rec.latency).p99,
+            rec.outstanding()
+        ));
+    }
+}
+
+impl Driver {
+    pub fn new(
+        redis_url: &str,
+        queue: &str,
+        run: &str,
+        t0: Instant,
+        cancel: watch::Receiver<bool>,
+    ) -> anyhow::Result<Driver> {
+        Ok(Driver {
+            client: redis::Client::open(redis_url)
+                .with_context(|| format!("redis URL {redis_url}"))?,
+            keys: QueueKeys::new(queue)?,
+            run: run.to_owned(),
+            t0,
+            progress: ProgressBar::hidden(),
+            cancel,
+        })
+    }
+
+    pub fn keys(&self) -> &QueueKeys {
+        &self.keys
+    }
+
+    pub fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// Ids of `ids` that are already in the job stream or have a result.
+    async fn already_enqueued(
+        &self,
+        conn: &mut Conn,
+        ids: &[String],
+    ) -> redis::RedisResult<HashSet<String>> {
+        let mut found = HashSet::new();
+        let mut p = redis::pipe();
+        for id in ids {
+            p.cmd("EXISTS").arg(self.keys.result(id));
+        }
+        let exists: Vec<bool> = conn.pipe(&p).await?;
+        found.extend(
+            ids.iter()
+                .zip(exists)
+                .filter(|(_, e)| *e)
+                .map(|(id, _)| id.clone()),
+        );
+        let wanted: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        let mut from = "-".to_owned();
+        loop {
+            let page: redis::streams::StreamRangeReply = conn
+                .query(
+                    redis::cmd("XRANGE")
+                        .arg(self.keys.jobs())
+                        .arg(&from)
+                        .arg("+")
+                        .arg("COUNT")
+                        .arg(5000),
+                )
+                .await?;
+            let n = page.ids.len();
+            for e in &page.ids {
+                if let Some(v) = e.map.get("job") {
+                    if let Ok(bytes) = redis::from_redis_value::<Vec<u8>>(v) {
+                        if let Ok(j) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                            if let Some(id) = j.get("id").and_then(|v| v.as_str()) {
+                                if wanted.contains(id) {
+                                    found.insert(id.to_owned());
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            match page.ids.last() {
+                Some(e) if n == 5000 => from = format!("({}", e.id),
+                _ => break,
+            }
+        }
+        Ok(found)
+    }
+
+    /// Sends `batch` (id, JSON) with XADD, retrying across connection errors until `deadline`.
+    async fn send(
+        &self,
+        conn: &mut Conn,
+        batch: &[(String, String)],
+        deadline: Instant,
+    ) -> anyhow::Result<()> {
+        let mut pending: Vec<&(String, String)> = batch.iter().collect();
+        let mut failures = 0u32;
+        loop {
+            let mut p = redis::pipe();
+            for (_, json) in &pending {
+                p.cmd("XADD")
+                    .arg(self.keys.jobs())
+                    .arg("*")
+                    .arg("job")
+                    .arg(json.as_str())
+                    .ignore();
+            }
+            match conn.pipe::<()>(&p).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    failures += 1;
+                    if Instant::now() >= deadline {
+                        return Err(e).context(format!("enqueueing after {failures} attempts"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let ids: Vec<String> = pending.iter().map(|(id, _)| id.clone()).collect();
+                    if let Ok(found) = self.already_enqueued(conn, &ids).await {
+                        pending.retain(|(id, _)| !found.contains(id));
+                        if pending.is_empty() {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn job_id(&self, tag: &str, seq: usize) -> String {
+        format!("{}-{}-{}", self.run, tag, seq)
+    }
+
+    /// Runs one phase to its end: sending stopped, and every job answered or the drain timed
+    /// out.
+    pub async fn run_phase(
+        &self,
+        spec: &PhaseSpec,
+        source: &mut JobSource,
+        mut cluster: Option<&mut dyn Cluster>,
+    ) -> anyhow::Result<PhaseOutcome> {
+        let mut conn = Conn {
+            client: self.client.clone(),
+            conn: None,
+        };
+        let from = last_id(&mut conn, &self.keys.results())
+            .await
+            .context("reading the results stream")?;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(read_results(
+            self.client.clone(),
+            self.keys.results(),
+            from,
+            tx,
+            stop_rx,
+        ));
+        let r = self
+            .phase_loop(spec, source, &mut cluster, &mut conn, &mut rx)
+            .await;
+        let _ = stop_tx.send(true);
+        let _ = reader.await;
+        let mut outcome = r?;
+        // Results whose stream entry was never read.
+        let missing: Vec<usize> = outcome
+            .recorder
+            .records
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.sent_us.is_some() && r.results == 0)
+            .map(|(i, _)| i)
+            .collect();
+        for chunk in missing.chunks(500) {
+            let mut p = redis::pipe();
+            for &seq in chunk {
+                p.cmd("GET")
+                    .arg(self.keys.result(&self.job_id(&spec.tag, seq)));
+            }
+            let Ok(values) = conn.pipe::<Vec<Option<Vec<u8>>>>(&p).await else {
+                break;
+            };
+            for (&seq, v) in chunk.iter().zip(values) {
+                if let Some(r) = v.as_deref().and_then(ResultView::parse) {
+                    outcome.recorder.late_result(seq, &r);
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn phase_loop(
+        &self,
+        spec: &PhaseSpec,
+        source: &mut JobSource,
+        cluster: &mut Option<&mut dyn Cluster>,
+        conn: &mut Conn,
+        rx: &mut mpsc::UnboundedReceiver<Arrivals>,
+    ) -> anyhow::Result<PhaseOutcome> {
+        let mut rec = Recorder::new(self.t0, source.labels().len());
+        let start = Instant::now();
+        let started_s = start.duration_since(self.t0).as_secs_f64();
+        let id_prefix = format!("{}-{}-", self.run, spec.tag);
+        let mut faults: Vec<(f64, Fault)> = spec.faults.clone();
+        faults.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let mut fired = Vec::new();
+        let mut cancel = self.cancel.clone();
+        let mut interrupted = *cancel.borrow();
+        let mut sending = !interrupted;
+        let mut last_activity = Instant::now();
+        let mut all_done_at: Option<Instant> = None;
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut last_check = Instant::now();
+        let mut progress = Progress {
+            bar: &self.progress,
+            last: start,
+            last_done: 0,
+            rate: 0.0,
+        };
+        match spec.stop {
+            Stop::Jobs(n) => self.progress.set_length(n),
+            Stop::After(d) => self.progress.set_length(d.as_secs().max(1)),
+        }
+        self.progress.set_position(0);
+        loop {
+            let now = Instant::now();
+            // Stop sending at the job count or duration.
+            if sending {
+                let more = match spec.stop {
+                    Stop::Jobs(n) => (rec.records.len() as u64) < n,
+                    Stop::After(d) => now < start + d,
+                };
+                if !more {
+                    sending = false;
+                    last_activity = now;
+                }
+            }
+            // What to send now, and when to wake for the next scheduled send.
+            let mut wake = None;
+            if sending {
+                let mut batch: Vec<(usize, String, String)> = Vec::new();
+                let limit = match spec.stop {
+                    Stop::Jobs(n) => n as usize,
+                    Stop::After(_) => usize::MAX,
+                };
+                match spec.load {
+                    Load::Closed { concurrency } => {
+                        let want = concurrency.saturating_sub(rec.outstanding());
+                        for _ in 0..want.min(SEND_BATCH) {
+                            if rec.records.len() >= limit {
+                                break;
+                            }
+                            batch.push(self.plan(spec, source, &mut rec, now));
+                        }
+                    }
+                    Load::Open { rate } => {
+                        let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+                        while batch.len() < SEND_BATCH && rec.records.len() < limit {
+                            let due = start + interval.mul_f64(rec.records.len() as f64);
+                            if due > now || matches!(spec.stop, Stop::After(d) if due >= start + d)
+                            {
+                                wake = Some(due);
+                                break;
+                            }
+                            batch.push(self.plan(spec, source, &mut rec, due));
+                        }
+                        if batch.len() == SEND_BATCH {
+                            wake = Some(now);
+                        }
+                    }
+                }
+                if !batch.is_empty() {
+                    let sent_at = Instant::now();
+                    for (seq, ..) in &batch {
+                        rec.sent(*seq, sent_at);
+                    }
+                    let jobs: Vec<(String, String)> =
+                        batch.into_iter().map(|(_, id, json)| (id, json)).collect();
+                    let deadline = Instant::now() + spec.drain_timeout;
+                    self.send(conn, &jobs, deadline).await?;
+                }
+            } else {
+                if rec.outstanding() == 0 {
+                    let at = *all_done_at.get_or_insert(now);
+                    if now.duration_since(at) >= DUPLICATE_GRACE || interrupted {
+                        break;
+                    }
+                } else if now.duration_since(last_activity) >= spec.drain_timeout || interrupted {
+                    break;
+                }
+            }
+            // Faults fire at a fraction of the phase: of the jobs completed, or of the time.
+            let fraction = match spec.stop {
+                Stop::Jobs(n) => rec.completed() as f64 / n.max(1) as f64,
+                Stop::After(d) => now.duration_since(start).as_secs_f64() / d.as_secs_f64(),
+            };
+            while let Some(&(at, fault)) = faults.first() {
+                if fraction < at {
+                    break;
+                }
+                faults.remove(0);
+                let Some(c) = cluster.as_deref_mut() else {
+                    anyhow::bail!("fault {fault:?} needs a cluster started by the load generator");
+                };
+                let detail = tokio::task::block_in_place(|| c.inject(fault))?;
+                self.progress.println(format!("fault: {fault:?}: {detail}"));
+                fired.push(FaultEvent {
+                    fault,
+                    at_s: Instant::now().duration_since(self.t0).as_secs_f64(),
+                    detail,
+                });
+            }
+            if now.duration_since(last_check) >= Duration::from_secs(1) {
+                last_check = now;
+                if let Some(c) = cluster.as_deref_mut() {
+                    c.check()?;
+                }
+            }
+            let sleep_until = wake.unwrap_or(now + Duration::from_secs(3600));
+            tokio::select! {
+                batch = rx.recv() => {
+                    let Some(batch) = batch else { anyhow::bail!("the results reader stopped") };
+                    last_activity = Instant::now();
+                    for (at, json) in batch {
+                        self.on_result(&mut rec, &id_prefix, at, &json);
+                    }
+                    // Take whatever else already arrived before deciding what to send.
+                    while let Ok(batch) = rx.try_recv() {
+                        for (at, json) in batch {
+                            self.on_result(&mut rec, &id_prefix, at, &json);
+                        }
+                    }
+                }
+                _ = tokio::time::sleep_until(sleep_until.into()), if wake.is_some() => {}
+                _ = tick.tick() => progress.update(&rec, start, spec),
+                r = cancel.changed(), if !interrupted => {
+                    if r.is_err() || *cancel.borrow() {
+                        interrupted = true;
+                        sending = false;
+                    }
+                }
+            }
+        }
+        progress.update(&rec, start, spec);
+        Ok(PhaseOutcome {
+            recorder: rec,
+            faults: fired,
+            interrupted,
+            started_s,
+            ended_s: Instant::now().duration_since(self.t0).as_secs_f64(),
+        })
+    }
+
+    fn plan(
+        &self,
+        spec: &PhaseSpec,
+        source: &mut JobSource,
+        rec: &mut Recorder,
+        intended: Instant,
+    ) -> (usize, String, String) {
+        let Planned {
+            kind,
+            mut job,
+            expect,
+            task,
+        } = source.next_job();
+        let seq = rec.plan(kind, expect, task, intended);
+        let id = self.job_id(&spec.tag, seq);
+        job.id = Some(id.clone());
+        let json = serde_json::to_string(&job).expect("a Job always serializes");
+        (seq, id, json)
+    }
+
+    fn on_result(&self, rec: &mut Recorder, id_prefix: &str, at: Instant, json: &[u8]) {
+        let Some(r) = ResultView::parse(json) else {
+            rec.result_for_unknown_id();
+            return;
+        };
+        let seq =
+            r.id.strip_prefix(id_prefix)
+                .and_then(|s| s.parse::<usize>().ok())
+                .filter(|&s| s < rec.records.len());
+        match seq {
+            Some(seq) => {
+                rec.result(seq, at, &r);
+            }
+            None => rec.result_for_unknown_id(),
+        }
+    }
+}

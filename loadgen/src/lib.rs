@@ -1,0 +1,31 @@
+//! `forkbox-loadgen`: drives a Forkbox cluster through Redis and measures it.
+//!
+//! A run sends jobs from a workload [`mix`] (closed loop, open loop at a fixed rate, or a ramp),
+//! reads every result from the queue's results stream ([`driver`]), and reports throughput,
+//! latency percentiles (HDR histograms, corrected for coordinated omission: [`stats`]), results
+//! by status, and lost and duplicated jobs ([`report`], [`plot`]). It can start the cluster it
+//! measures: worker nodes ([`cluster`]), optionally in network namespaces standing in for
+//! separate hosts ([`netns`]), and its own Redis ([`redis_proc`]), and it can kill a worker or
+//! Redis part-way through to check that no job is lost.
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod cluster;
+pub mod driver;
+pub mod humaneval;
+pub mod mix;
+pub mod netns;
+pub mod plot;
+pub mod redis_proc;
+pub mod report;
+pub mod run;
+pub mod stats;
+
+use std::path::PathBuf;
+
+/// The workspace root (the parent of this crate's directory), for default paths.
+pub fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+}

@@ -1,0 +1,422 @@
+//! One load-generator run, start to finish: set up what the run needs (simulated hosts, its own
+//! Redis, workers), run the phases (one, one per scaling step, or one per ramp step), build the
+//! report, and tear everything down.
+//!
+//! The order of set-up is the reverse of tear-down and is carried by the order of the guards'
+//! declarations: hosts first, then Redis, then workers, so on any exit (error, Ctrl-C dropping
+//! this future, panic) the workers die before Redis and the namespaces go last.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::sync::watch;
+
+use crate::cli::Args;
+use crate::cluster::{self, Fleet, WorkerConfig};
+use crate::driver::{Cluster, Driver, Fault, Load, PhaseSpec, Stop};
+use crate::humaneval;
+use crate::mix::{JobSource, Mix};
+use crate::netns::{SimulatedHosts, SystemIp};
+use crate::redis_proc::LocalRedis;
+use crate::report::{self, Environment, MeasuredPhase, RampSummary, Report};
+use crate::stats::percentiles_ms;
+
+/// Workers and Redis as the phases see them.
+struct LocalCluster<'a> {
+    fleet: Fleet,
+    redis: Option<&'a mut LocalRedis>,
+    log_dir: PathBuf,
+}
+
+impl Cluster for LocalCluster<'_> {
+    fn inject(&mut self, fault: Fault) -> anyhow::Result<String> {
+        match fault {
+            Fault::KillWorker => {
+                let (name, pid) = self.fleet.kill_one()?;
+                Ok(format!("SIGKILL to worker {name} (pid {pid})"))
+            }
+            Fault::RestartRedis => {
+                let redis = self
+                    .redis
+                    .as_deref_mut()
+                    .context("--restart-redis-at needs the load generator's own Redis")?;
+                let t = Instant::now();
+                redis.restart()?;
+                Ok(format!(
+                    "SIGKILL to redis-server, restarted on port {} in {} ms",
+                    redis.port(),
+                    t.elapsed().as_millis()
+                ))
+            }
+        }
+    }
+
+    fn check(&mut self) -> anyhow::Result<()> {
+        self.fleet.check_alive(&self.log_dir)
+    }
+}
+
+fn run_id() -> String {
+    let u = uuid::Uuid::new_v4();
+    u.simple().to_string()[..6].to_owned()
+}
+
+fn environment(redis_version: String, bin: Option<&PathBuf>) -> Environment {
+    Environment {
+        cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        redis_version,
+        forkbox_bin: bin.map(|b| b.display().to_string()),
+    }
+}
+
+async fn redis_version(client: &redis::Client) -> String {
+    let Ok(mut c) = client.get_multiplexed_async_connection().await else {
+        return String::new();
+    };
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut c)
+        .await
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
+/// Checks the combinations of options that clap cannot express.
+fn validate(args: &Args) -> anyhow::Result<()> {
+    if !args.ramp {
+        ensure!(
+            args.jobs.is_some() || args.duration.is_some(),
+            "give --jobs N or --duration SECS"
+        );
+    }
+    if let Some(r) = args.rate {
+        ensure!(r > 0.0, "--rate must be positive");
+    }
+    ensure!(args.slots > 0, "--slots must be at least 1");
+    if args.hosts.is_some() {
+        ensure!(
+            args.spawn_workers.is_some(),
+            "--hosts puts spawned workers in namespaces: give --spawn-workers"
+        );
+        ensure!(
+            args.redis.is_none(),
+            "--hosts needs the load generator's own Redis (listening on the bridge): drop --redis"
+        );
+    }
+    if args.restart_redis_at.is_some() {
+        ensure!(
+            args.redis.is_none(),
+            "--restart-redis-at needs the load generator's own Redis: drop --redis"
+        );
+    }
+    if args.kill_worker_at.is_some() {
+        ensure!(
+            args.spawn_workers.is_some_and(|k| k >= 2),
+            "--kill-worker-at needs --spawn-workers 2 or more (someone must reclaim the jobs)"
+        );
+    }
+    if args.ramp {
+        ensure!(!args.scale, "--ramp and --scale are separate runs");
+        ensure!(args.ramp_start > 0.0, "--ramp-start must be positive");
+    }
+    Ok(())
+}
+
+pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Report> {
+    validate(&args)?;
+    let t0 = Instant::now();
+    let run = args.run_id.clone().unwrap_or_else(run_id);
+    let mix = Mix::from_arg(&args.mix)?;
+    let problems = if mix.needs_humaneval() {
+        let path = humaneval::locate(args.humaneval.as_deref());
+        humaneval::load(&path)?
+    } else {
+        Vec::new()
+    };
+    let mut source = JobSource::new(&mix, problems)?;
+    let labels = source.labels().to_vec();
+
+    let report_dir = args.report.clone();
+    if let Some(d) = &report_dir {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    let _log_tmp;
+    let log_dir = match &report_dir {
+        Some(d) => d.join("logs"),
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("forkbox-loadgen-")
+                .tempdir()?;
+            let p = t.path().to_owned();
+            _log_tmp = t;
+            p
+        }
+    };
+
+    // Guards, in set-up order: dropped in reverse.
+    let hosts = match args.hosts {
+        Some(h) => Some(
+            tokio::task::block_in_place(|| SimulatedHosts::create(SystemIp, &run, h))
+                .context("creating simulated hosts")?,
+        ),
+        None => None,
+    };
+    let mut own_redis = match &args.redis {
+        Some(_) => None,
+        None => {
+            let bind: Vec<IpAddr> = hosts.iter().map(|h| IpAddr::V4(h.bridge_addr())).collect();
+            let appendonly = args.restart_redis_at.is_some();
+            Some(tokio::task::block_in_place(|| {
+                LocalRedis::start(&bind, appendonly, None)
+            })?)
+        }
+    };
+    let redis_url = match (&args.redis, &own_redis) {
+        (Some(u), _) => u.clone(),
+        (None, Some(r)) => r.url(),
+        (None, None) => unreachable!("own Redis is started when no URL is given"),
+    };
+    let worker_redis_url = match (&hosts, &own_redis) {
+        (Some(h), Some(r)) => r.url_via(IpAddr::V4(h.bridge_addr())),
+        _ => redis_url.clone(),
+    };
+
+    let faulty = args.kill_worker_at.is_some() || args.restart_redis_at.is_some();
+    let visibility = args.visibility_timeout_ms.or(faulty.then_some(2000));
+    let drain_timeout = Duration::from_secs_f64(args.drain_timeout.unwrap_or_else(|| {
+        let vis = visibility.unwrap_or(0) as f64 / 1000.0;
+        (2.0 * vis + 10.0).max(30.0)
+    }));
+    let bin = match args.spawn_workers {
+        Some(_) => Some(cluster::forkbox_bin().context(
+            "the forkbox binary was not found: set FORKBOX_BIN or build it (cargo build -p forkbox)",
+        )?),
+        None => None,
+    };
+    let worker_cfg = bin.as_ref().map(|bin| WorkerConfig {
+        bin: bin.clone(),
+        redis_url: worker_redis_url.clone(),
+        queue: args.queue.clone(),
+        slots: args.slots,
+        visibility_timeout_ms: visibility,
+        extra_args: args.worker_args.clone(),
+        log_dir: log_dir.clone(),
+    });
+    let netns_names: Vec<String> = hosts
+        .iter()
+        .flat_map(|h| h.hosts().iter().map(|h| h.netns.clone()))
+        .collect();
+
+    let mut driver = Driver::new(&redis_url, &args.queue, &run, t0, cancel.clone())?;
+    if !args.quiet {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>8} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+            )
+            .expect("static template"),
+        );
+        driver.progress = bar;
+    }
+    let redis_version = redis_version(driver.client()).await;
+
+    // Worker counts per measured phase.
+    let k_max = args.spawn_workers.unwrap_or(0);
+    let steps: Vec<usize> = if args.scale {
+        let s = args
+            .scale_steps
+            .clone()
+            .unwrap_or_else(|| (1..=k_max).collect());
+        ensure!(
+            s.iter().all(|&k| k >= 1),
+            "--scale-steps must be at least 1"
+        );
+        s
+    } else {
+        vec![k_max]
+    };
+    let length = match (args.jobs, args.duration) {
+        (Some(n), _) => Stop::Jobs(n),
+        (None, Some(d)) => Stop::After(Duration::from_secs_f64(d)),
+        (None, None) => Stop::After(Duration::from_secs_f64(args.ramp_step_secs)),
+    };
+    let mut faults = Vec::new();
+    if let Some(p) = args.kill_worker_at {
+        faults.push((p, Fault::KillWorker));
+    }
+    if let Some(p) = args.restart_redis_at {
+        faults.push((p, Fault::RestartRedis));
+    }
+
+    let mut measured: Vec<MeasuredPhase> = Vec::new();
+    let mut tags: Vec<String> = Vec::new();
+    let mut scale_points = Vec::new();
+    let mut ramp_steps = Vec::new();
+    for (step, &k) in steps.iter().enumerate() {
+        if *cancel.borrow() {
+            break;
+        }
+        let fleet = match &worker_cfg {
+            Some(cfg) if k > 0 => tokio::task::block_in_place(|| {
+                Fleet::start(cfg, &format!("{run}-{step}"), k, &netns_names)
+            })?,
+            _ => Fleet::default(),
+        };
+        let mut local = LocalCluster {
+            fleet,
+            redis: own_redis.as_mut(),
+            log_dir: log_dir.clone(),
+        };
+        let spawned = !local.fleet.nodes.is_empty();
+        let warmup = args.warmup.unwrap_or(if spawned {
+            2 * k as u64 * u64::from(args.slots)
+        } else {
+            0
+        });
+        let concurrency = args
+            .concurrency
+            .unwrap_or_else(|| (2 * k.max(1) * args.slots as usize).max(1));
+        if warmup > 0 {
+            driver.progress.set_prefix("warm-up");
+            let mut noop = JobSource::new(&Mix::parse("noop")?, Vec::new())?;
+            let spec = PhaseSpec {
+                tag: format!("w{step}"),
+                load: Load::Closed {
+                    concurrency: (k.max(1) * args.slots as usize).max(1),
+                },
+                stop: Stop::Jobs(warmup),
+                drain_timeout: Duration::from_secs(60),
+                faults: Vec::new(),
+            };
+            let c: Option<&mut dyn Cluster> = if spawned { Some(&mut local) } else { None };
+            let o = driver.run_phase(&spec, &mut noop, c).await?;
+            if !o.interrupted && o.lost() > 0 {
+                bail!(
+                    "{} of {warmup} warm-up jobs got no result within {:?}: are the workers \
+                     reading queue {:?} on {worker_redis_url}? (logs in {})",
+                    o.lost(),
+                    spec.drain_timeout,
+                    args.queue,
+                    log_dir.display()
+                );
+            }
+        }
+        if args.ramp {
+            let increment = args.ramp_step.unwrap_or(args.ramp_start);
+            for i in 0..args.ramp_max_steps {
+                if *cancel.borrow() {
+                    break;
+                }
+                if let Some(d) = args.duration {
+                    if t0.elapsed().as_secs_f64() >= d {
+                        break;
+                    }
+                }
+                let rate = args.ramp_start + increment * i as f64;
+                driver.progress.set_prefix(format!("{rate:.0}/s"));
+                let spec = PhaseSpec {
+                    tag: format!("r{i}"),
+                    load: Load::Open { rate },
+                    stop: Stop::After(Duration::from_secs_f64(args.ramp_step_secs)),
+                    drain_timeout,
+                    faults: Vec::new(),
+                };
+                let c: Option<&mut dyn Cluster> = if spawned { Some(&mut local) } else { None };
+                let o = driver.run_phase(&spec, &mut source, c).await?;
+                let rec = &o.recorder;
+                let sent = rec.sent_count().max(1) as f64;
+                let error_rate = (o.lost() + rec.unexpected) as f64 / sent;
+                let st = report::ramp_step(
+                    rate,
+                    rec.throughput(),
+                    percentiles_ms(&rec.latency).p99,
+                    error_rate,
+                    args.ramp_p99_ms,
+                    args.ramp_max_error_rate,
+                );
+                let sustained = st.sustained;
+                ramp_steps.push(st);
+                tags.push(spec.tag.clone());
+                measured.push(MeasuredPhase {
+                    outcome: o,
+                    workers: spawned.then_some(k),
+                    load: spec.load,
+                });
+                if !sustained {
+                    break;
+                }
+            }
+        } else {
+            driver.progress.set_prefix(if args.scale {
+                format!("K={k}")
+            } else {
+                "run".into()
+            });
+            let load = match args.rate {
+                Some(rate) => Load::Open { rate },
+                None => Load::Closed { concurrency },
+            };
+            let spec = PhaseSpec {
+                tag: format!("m{step}"),
+                load,
+                stop: length,
+                drain_timeout,
+                faults: faults.clone(),
+            };
+            let c: Option<&mut dyn Cluster> = if spawned { Some(&mut local) } else { None };
+            let o = driver.run_phase(&spec, &mut source, c).await?;
+            scale_points.push((
+                k,
+                o.recorder.throughput(),
+                percentiles_ms(&o.recorder.latency).p99,
+            ));
+            tags.push(spec.tag.clone());
+            measured.push(MeasuredPhase {
+                outcome: o,
+                workers: spawned.then_some(k),
+                load,
+            });
+        }
+        tokio::task::block_in_place(|| local.fleet.stop(Duration::from_secs(10)));
+    }
+    driver.progress.finish_and_clear();
+
+    let parameters = serde_json::to_value(&args)?;
+    let mut report = Report::build(
+        &mut measured,
+        &tags,
+        &labels,
+        parameters,
+        environment(redis_version, bin.as_ref()),
+    );
+    if args.scale {
+        report.scaling = Some(report::scaling_points(&scale_points));
+    }
+    if args.ramp {
+        report.ramp = Some(RampSummary {
+            p99_bound_ms: args.ramp_p99_ms,
+            max_error_rate: args.ramp_max_error_rate,
+            max_sustainable_jobs_per_s: report::max_sustainable(&ramp_steps),
+            steps: ramp_steps,
+        });
+    }
+    if let Some(dir) = &report_dir {
+        std::fs::write(dir.join("report.json"), serde_json::to_vec_pretty(&report)?)?;
+        std::fs::write(dir.join("report.md"), report.markdown())?;
+        crate::plot::write_all(&report, dir)?;
+    }
+    drop(own_redis);
+    drop(hosts);
+    Ok(report)
+}
