@@ -142,6 +142,8 @@ impl Queue {
     /// block (unlike Redis' `BLOCK 0`, which would wait forever). A blocking read uses a
     /// connection of its own, so other calls on this queue are not held up. Creates the group
     /// when it is missing (a fresh or flushed Redis). Every delivery here has `deliveries == 1`.
+    /// With [`QueueConfig::skip_completed_on_read`](crate::QueueConfig::skip_completed_on_read) (the default), entries whose id already has
+    /// a result are acknowledged and left out.
     ///
     /// Dropping the future mid-read closes its connection; an entry Redis handed out in that
     /// instant stays pending for `consumer` and comes back through [`Queue::read_own_pending`]
@@ -173,11 +175,24 @@ impl Queue {
             r => r,
         }
         .map_err(|e| self.read_err(e))?;
-        Ok(reply::xread(&reply)
+        let fresh = reply::xread(&reply)
             .into_iter()
             .flat_map(|(_, entries)| entries)
             .map(|e| Delivery::from_entry(self.name(), &e, 1, self.config.max_job_bytes))
-            .collect())
+            .collect();
+        self.skip_completed(fresh).await
+    }
+
+    /// [`Queue::discard_completed`] when the queue is configured to check fresh reads.
+    pub(crate) async fn skip_completed(
+        &self,
+        fresh: Vec<Delivery>,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        if self.config.skip_completed_on_read && !fresh.is_empty() {
+            Ok(self.discard_completed(fresh).await?.0)
+        } else {
+            Ok(fresh)
+        }
     }
 
     pub(crate) async fn run_read(
@@ -279,8 +294,8 @@ impl Queue {
 
     /// Acknowledges and deletes the deliveries whose id already has a result (duplicates of a
     /// finished job: never run them again) and returns the others, with the number dropped.
-    /// [`Queue::read_own_pending`] and [`Queue::reclaim`] do this already; call it on fresh
-    /// reads only if a job might be added twice by a raw XADD with the same id.
+    /// [`Queue::read_own_pending`] and [`Queue::reclaim`] always do this, [`Queue::read`] when
+    /// [`QueueConfig::skip_completed_on_read`](crate::QueueConfig::skip_completed_on_read) is set.
     pub async fn discard_completed(
         &self,
         deliveries: Vec<Delivery>,

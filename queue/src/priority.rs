@@ -100,11 +100,11 @@ impl QueueSet {
             let Some(q) = watched.iter().find(|q| q.keys.jobs() == key) else {
                 continue;
             };
-            out.extend(
-                entries
-                    .iter()
-                    .map(|e| Delivery::from_entry(q.name(), e, 1, q.config.max_job_bytes)),
-            );
+            let fresh = entries
+                .iter()
+                .map(|e| Delivery::from_entry(q.name(), e, 1, q.config.max_job_bytes))
+                .collect();
+            out.extend(q.skip_completed(fresh).await?);
         }
         Ok(out)
     }

@@ -31,6 +31,11 @@ pub struct QueueConfig {
     pub dead_maxlen: u64,
     /// Payloads larger than this are dead-lettered unread.
     pub max_job_bytes: usize,
+    /// Whether [`Queue::read`] drops fresh entries whose id already has a result (a client
+    /// XADDed a finished id again, bypassing the idempotent enqueue). Costs one pipelined
+    /// round trip per read that returned entries, shared by all of them; without it such a
+    /// job runs again and its second result is discarded (the first result wins).
+    pub skip_completed_on_read: bool,
 }
 
 impl Default for QueueConfig {
@@ -42,6 +47,7 @@ impl Default for QueueConfig {
             results_maxlen: 100_000,
             dead_maxlen: 100_000,
             max_job_bytes: DEFAULT_MAX_JOB_BYTES,
+            skip_completed_on_read: true,
         }
     }
 }

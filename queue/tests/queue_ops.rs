@@ -35,6 +35,13 @@ async fn enqueue_read_complete_stores_exactly_one_result() {
 
     let stored = q.result(&id).await.unwrap().unwrap();
     assert_eq!(stored, r);
+    // A raw XADD of the finished id is acknowledged on read and not handed out again.
+    let again_entry = q
+        .enqueue_raw(format!(r#"{{"id":"{id}","cmd":"echo hi"}}"#).as_bytes())
+        .await
+        .unwrap();
+    assert!(q.read("w1", 10, 0).await.unwrap().is_empty());
+    assert_eq!(q.stats().await.unwrap().pending, 0, "{again_entry} acked");
     let mut c = conn(&q).await;
     let results: usize = c.xlen(q.keys().results()).await.unwrap();
     assert_eq!(results, 1, "one entry in the results stream");
