@@ -17,6 +17,10 @@
 //! 5. in the background: [`Queue::refresh_claims`] and [`Queue::heartbeat`] every third of the
 //!    visibility timeout, [`Queue::reclaim`] every visibility timeout, and a
 //!    [`CancelWatcher`] feeding the local set of cancelled ids.
+//!
+//! Round trips on the hot path: one blocking XREADGROUP per read, plus one pipelined EXISTS
+//! for the entries it returned (see [`QueueConfig::skip_completed_on_read`]), plus one
+//! [`Queue::complete_many`] for all the jobs that finished together.
 
 #![forbid(unsafe_code)]
 

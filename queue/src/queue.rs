@@ -124,6 +124,8 @@ impl Broker {
     }
 
     /// The shared, self-reconnecting connection (for commands this crate does not wrap).
+    /// Never send a blocking command (BLPOP, XREADGROUP BLOCK) on it: every other user of the
+    /// broker would wait behind it.
     pub fn connection(&self) -> ConnectionManager {
         self.inner.conn.clone()
     }

@@ -154,3 +154,59 @@ pub(crate) fn pending_rows(v: &Value) -> Vec<(String, String, u64, u64)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    fn entry_value(id: &str) -> Value {
+        Value::Array(vec![bulk(id), Value::Array(vec![bulk("job"), bulk("{}")])])
+    }
+
+    #[test]
+    fn autoclaim_reads_the_redis_7_three_element_reply() {
+        let v = Value::Array(vec![
+            bulk("5-0"),
+            Value::Array(vec![entry_value("1-0"), entry_value("2-0")]),
+            Value::Array(vec![bulk("3-0")]),
+        ]);
+        let (cursor, claimed, deleted) = autoclaim(&v).unwrap();
+        assert_eq!(cursor, "5-0");
+        let ids: Vec<&str> = claimed.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["1-0", "2-0"]);
+        assert_eq!(claimed[0].field("job"), Some(&b"{}"[..]));
+        assert_eq!(deleted, ["3-0"]);
+    }
+
+    #[test]
+    fn autoclaim_reads_the_redis_6_two_element_reply_with_nil_entries() {
+        let v = Value::Array(vec![
+            bulk("0-0"),
+            Value::Array(vec![entry_value("1-0"), Value::Nil]),
+        ]);
+        let (cursor, claimed, deleted) = autoclaim(&v).unwrap();
+        assert_eq!(cursor, "0-0");
+        assert_eq!(claimed.len(), 1);
+        assert!(deleted.is_empty());
+    }
+
+    #[test]
+    fn history_reads_mark_deleted_entries() {
+        let v = Value::Array(vec![Value::Array(vec![
+            bulk("forkbox:{q}:jobs"),
+            Value::Array(vec![
+                entry_value("1-0"),
+                Value::Array(vec![bulk("2-0"), Value::Nil]),
+            ]),
+        ])]);
+        let streams = xread(&v);
+        assert_eq!(streams.len(), 1);
+        assert!(streams[0].1[0].fields.is_some());
+        assert!(streams[0].1[1].fields.is_none());
+        assert!(xread(&Value::Nil).is_empty());
+    }
+}
