@@ -24,6 +24,9 @@ use redis::streams::StreamReadReply;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
+use forkbox_queue::keys::{JOB_FIELD, RESULT_FIELD};
+use forkbox_queue::Keys;
+
 use crate::mix::{JobSource, Planned};
 use crate::stats::{percentiles_ms, Recorder, ResultView};
 
@@ -35,37 +38,6 @@ const READ_BLOCK_MS: u64 = 250;
 const SEND_BATCH: usize = 500;
 /// After the last outstanding result, how long to keep reading for duplicates.
 const DUPLICATE_GRACE: Duration = Duration::from_millis(500);
-
-/// The key names of one queue, as in the protocol (`forkbox:{Q}:...`).
-#[derive(Debug, Clone)]
-pub struct QueueKeys {
-    prefix: String,
-}
-
-impl QueueKeys {
-    pub fn new(queue: &str) -> anyhow::Result<QueueKeys> {
-        anyhow::ensure!(
-            !queue.is_empty()
-                && queue.len() <= 64
-                && queue
-                    .bytes()
-                    .all(|b| b.is_ascii_graphic() && !matches!(b, b'{' | b'}' | b':')),
-            "queue name {queue:?} must be 1 to 64 printable characters without braces or colons"
-        );
-        Ok(QueueKeys {
-            prefix: format!("forkbox:{{{queue}}}:"),
-        })
-    }
-    pub fn jobs(&self) -> String {
-        format!("{}jobs", self.prefix)
-    }
-    pub fn results(&self) -> String {
-        format!("{}results", self.prefix)
-    }
-    pub fn result(&self, id: &str) -> String {
-        format!("{}result:{id}", self.prefix)
-    }
-}
 
 /// How jobs are offered.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -234,7 +206,7 @@ async fn read_results(
                 let mut batch = Vec::new();
                 for key in reply.keys {
                     for entry in key.ids {
-                        if let Some(v) = entry.map.get("result") {
+                        if let Some(v) = entry.map.get(RESULT_FIELD) {
                             if let Ok(bytes) = redis::from_redis_value::<Vec<u8>>(v) {
                                 batch.push((at, bytes));
                             }
@@ -256,7 +228,7 @@ async fn read_results(
 /// Runs phases against one queue.
 pub struct Driver {
     client: redis::Client,
-    keys: QueueKeys,
+    keys: Keys,
     run: String,
     t0: Instant,
     pub progress: ProgressBar,
@@ -319,7 +291,7 @@ impl Driver {
         Ok(Driver {
             client: redis::Client::open(redis_url)
                 .with_context(|| format!("redis URL {redis_url}"))?,
-            keys: QueueKeys::new(queue)?,
+            keys: Keys::new(queue)?,
             run: run.to_owned(),
             t0,
             progress: ProgressBar::hidden(),
@@ -327,7 +299,7 @@ impl Driver {
         })
     }
 
-    pub fn keys(&self) -> &QueueKeys {
+    pub fn keys(&self) -> &Keys {
         &self.keys
     }
 
@@ -368,7 +340,7 @@ impl Driver {
                 .await?;
             let n = page.ids.len();
             for e in &page.ids {
-                if let Some(v) = e.map.get("job") {
+                if let Some(v) = e.map.get(JOB_FIELD) {
                     if let Ok(bytes) = redis::from_redis_value::<Vec<u8>>(v) {
                         if let Ok(j) = serde_json::from_slice::<serde_json::Value>(&bytes) {
                             if let Some(id) = j.get("id").and_then(|v| v.as_str()) {
@@ -403,7 +375,7 @@ impl Driver {
                 p.cmd("XADD")
                     .arg(self.keys.jobs())
                     .arg("*")
-                    .arg("job")
+                    .arg(JOB_FIELD)
                     .arg(json.as_str())
                     .ignore();
             }
@@ -581,10 +553,10 @@ impl Driver {
             } else {
                 if rec.outstanding() == 0 {
                     let at = *all_done_at.get_or_insert(now);
-                    if now.duration_since(at) >= DUPLICATE_GRACE || interrupted {
+                    if now.duration_since(at) >= DUPLICATE_GRACE {
                         break;
                     }
-                } else if now.duration_since(last_activity) >= spec.drain_timeout || interrupted {
+                } else if now.duration_since(last_activity) >= spec.drain_timeout {
                     break;
                 }
             }

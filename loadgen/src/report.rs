@@ -291,6 +291,7 @@ impl Report {
             }
         }
         error_samples.truncate(10);
+        let timeline = merge_windows(timeline);
         let sp = percentiles_ms(&spawn);
         Report {
             ok: lost == 0 && duplicated == 0 && !interrupted,
@@ -509,6 +510,27 @@ impl Report {
     }
 }
 
+/// Joins the windows of consecutive phases that share a second: counts add up, and the
+/// latency of the window with more completions stands for the second.
+fn merge_windows(mut windows: Vec<Window>) -> Vec<Window> {
+    windows.sort_by(|a, b| a.t_s.total_cmp(&b.t_s));
+    let mut out: Vec<Window> = Vec::with_capacity(windows.len());
+    for w in windows {
+        match out.last_mut() {
+            Some(last) if last.t_s == w.t_s => {
+                if w.completed > last.completed {
+                    last.latency_ms = w.latency_ms;
+                }
+                last.enqueued += w.enqueued;
+                last.completed += w.completed;
+                last.unexpected += w.unexpected;
+            }
+            _ => out.push(w),
+        }
+    }
+    out
+}
+
 /// Scaling points from (workers, throughput, p99) per step, with speedup against the first.
 pub fn scaling_points(steps: &[(usize, f64, f64)]) -> Vec<ScalePoint> {
     let base = steps
@@ -622,6 +644,10 @@ mod tests {
         assert!((r.latency_ms.p99 - 5.0).abs() < 0.01);
         assert!(r.spawn_us.p50 > 1000.0 && r.spawn_us.p50 < 1200.0);
         assert_eq!(r.phases[1].tag, "b");
+        // Both phases completed jobs in second 0: one window, counts summed.
+        assert_eq!(r.timeline[0].t_s, 0.0);
+        assert_eq!(r.timeline[0].completed, 148);
+        assert_eq!(r.timeline.iter().filter(|w| w.t_s == 0.0).count(), 1);
         assert_eq!(r.phases[1].lost, 2);
         // Phase 1 ran 0..0.995 s, phase 2 0..0.495 s: 148 jobs over 1.49 s.
         assert!(

@@ -1,0 +1,175 @@
+//! End-to-end runs of `forkbox-loadgen` against a real redis-server and real `forkbox worker`
+//! nodes: the counts in the report, the kill-worker fault mode, and the simulated hosts'
+//! clean-up. No test asserts a throughput or latency figure.
+//!
+//! The worker binary is found as the load generator finds it (`FORKBOX_BIN`, else the
+//! workspace's `target/{release,debug}/forkbox`). Where there is none, or it has no `worker`
+//! subcommand, the tests print `SKIPPED:` and return, unless `FORKBOX_LOADGEN_REQUIRE_WORKER`
+//! is set (CI sets it after building the worker), in which case they fail.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use forkbox_loadgen::report::Report;
+use forkbox_queue::RedisServer;
+
+fn forkbox_worker() -> Option<PathBuf> {
+    let reason = match forkbox_loadgen::cluster::forkbox_bin() {
+        None => {
+            "no forkbox binary (build it: cargo build -p forkbox, or set FORKBOX_BIN)".to_owned()
+        }
+        Some(bin) => {
+            let ok = Command::new(&bin)
+                .args(["worker", "--help"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ok {
+                return Some(bin);
+            }
+            format!("{} has no `worker` subcommand", bin.display())
+        }
+    };
+    if std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_some() {
+        panic!("{reason}");
+    }
+    println!("SKIPPED: {reason}");
+    None
+}
+
+fn loadgen(args: &[&str], bin: &Path) -> Output {
+    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args(args)
+        .arg("--quiet")
+        .env("FORKBOX_BIN", bin)
+        .output()
+        .expect("running forkbox-loadgen");
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    out
+}
+
+fn read_report(dir: &Path) -> Report {
+    let text = std::fs::read_to_string(dir.join("report.json")).expect("report.json written");
+    serde_json::from_str(&text).expect("report.json parses")
+}
+
+#[test]
+fn five_hundred_jobs_two_workers_every_result_counted() {
+    let Some(bin) = forkbox_worker() else { return };
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    // One job in five exits 3: statuses must be counted, not just `ok`.
+    let jobs = dir.path().join("fail.jsonl");
+    std::fs::write(&jobs, "{\"cmd\":\"exit 3\"}\n").unwrap();
+    let report_dir = dir.path().join("report");
+    let mix = format!("noop:4,jsonl:{}:1", jobs.display());
+    let out = loadgen(
+        &[
+            "--redis",
+            &redis.url(),
+            "--queue",
+            "lg500",
+            "--jobs",
+            "500",
+            "--concurrency",
+            "16",
+            "--mix",
+            &mix,
+            "--spawn-workers",
+            "2",
+            "--slots",
+            "2",
+            "--report",
+            report_dir.to_str().unwrap(),
+        ],
+        &bin,
+    );
+    assert!(out.status.success(), "exit status {}", out.status);
+    let r = read_report(&report_dir);
+    assert_eq!(r.enqueued, 500);
+    assert_eq!(r.completed, 500);
+    assert_eq!(r.lost, 0);
+    assert_eq!(r.duplicated, 0);
+    assert_eq!(r.by_status.get("ok"), Some(&400), "{:?}", r.by_status);
+    assert_eq!(r.by_status.get("failed"), Some(&100), "{:?}", r.by_status);
+    assert_eq!(r.by_status.values().sum::<u64>(), 500);
+    assert_eq!(r.unexpected, 0);
+    assert_eq!(r.latency_ms.count, 500 - r.late_results);
+    assert!(r.latency_ms.p50 <= r.latency_ms.p99 && r.latency_ms.p99 <= r.latency_ms.max);
+    assert_eq!(r.parameters["jobs"], 500);
+    for file in ["report.md", "latency.svg", "throughput.svg"] {
+        assert!(report_dir.join(file).is_file(), "{file}");
+    }
+}
+
+#[test]
+fn killing_a_worker_mid_run_loses_no_job() {
+    let Some(bin) = forkbox_worker() else { return };
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadgen(
+        &[
+            "--redis",
+            &redis.url(),
+            "--queue",
+            "lgkill",
+            "--jobs",
+            "200",
+            "--concurrency",
+            "8",
+            // Jobs long enough that the killed worker holds some when it dies.
+            "--mix",
+            "noop:1,sleep:200ms:1",
+            "--spawn-workers",
+            "2",
+            "--slots",
+            "2",
+            "--kill-worker-at",
+            "30%",
+            "--visibility-timeout-ms",
+            "1500",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    let r = read_report(dir.path());
+    assert_eq!(r.faults.len(), 1, "{:?}", r.faults);
+    assert_eq!(r.lost, 0);
+    assert_eq!(r.duplicated, 0);
+    assert_eq!(r.completed, 200);
+    assert!(out.status.success(), "exit status {}", out.status);
+}
+
+#[test]
+fn simulated_hosts_are_removed_after_the_run() {
+    if let Err(reason) = forkbox_loadgen::netns::available() {
+        println!("SKIPPED: ip netns is unavailable here: {reason}");
+        return;
+    }
+    let Some(bin) = forkbox_worker() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let run = format!("t{:05}", std::process::id() % 100_000);
+    let out = loadgen(
+        &[
+            "--jobs",
+            "100",
+            "--spawn-workers",
+            "2",
+            "--hosts",
+            "2",
+            "--run-id",
+            &run,
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    let r = read_report(dir.path());
+    assert_eq!(r.completed, 100);
+    assert_eq!(r.lost, 0);
+    assert_eq!(r.parameters["hosts"], 2);
+    assert!(out.status.success(), "exit status {}", out.status);
+    let left = forkbox_loadgen::netns::leftovers(&run);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
