@@ -1,4 +1,7 @@
 //! Forkbox: a job-queue worker node that runs untrusted code in rootless sandboxes forked from
 //! a warm zygote.
 
+pub mod bench;
+pub mod check;
+pub mod cli;
 pub mod sandbox;

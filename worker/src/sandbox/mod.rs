@@ -1,1 +1,714 @@
-//! The sandbox engine.
+//! The sandbox engine: runs jobs in rootless, fully isolated sandboxes forked from a warm zygote.
+//!
+//! [`Engine::start`] exec's the zygote (`forkbox __zygote`), writes its user-namespace id maps
+//! and waits until it is ready; [`Engine::run`] then costs one message to the zygote, which hands
+//! a pre-built sandbox the job. The engine's side of a run is all asynchronous: stdout and stderr
+//! are read from pipes with a cap, the init's report and the zygote's exit event are awaited, and
+//! everything is folded into an [`Outcome`]. See `docs/architecture.md` for the whole sequence.
+
+pub mod cgroup;
+pub mod init;
+pub mod rootfs;
+pub mod seccomp;
+pub mod sys;
+pub mod wire;
+pub mod zygote;
+
+use std::collections::HashMap;
+use std::io::{Seek, Write};
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use forkbox_queue::schema::{
+    EffectiveLimits, Job, Outcome, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT,
+};
+use nix::unistd::Uid;
+use tokio::io::AsyncReadExt;
+use tokio::sync::{mpsc, Semaphore};
+
+use wire::{Exit, FromZygote, Payload, Report, RootSource, ToZygote, ZygoteConfig};
+
+/// Host directories exposed by default (those that exist).
+pub const DEFAULT_ALLOWLIST: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+];
+/// `PATH` inside the sandbox unless the job sets one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Host uid (and gid) that the sandbox's root maps to when the node runs as host root.
+pub const DEFAULT_ROOT_MAPPED_ID: u32 = 100_000;
+
+/// CLOCK_MONOTONIC in nanoseconds; shared by the engine and the zygote.
+pub fn mono_ns() -> i64 {
+    let ts =
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
+    ts.tv_sec() * 1_000_000_000 + ts.tv_nsec()
+}
+
+/// How an engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// The `forkbox` binary that serves `__zygote` (default: the running executable).
+    pub zygote_exe: PathBuf,
+    /// Concurrent sandboxes; also the number kept pre-warmed.
+    pub slots: usize,
+    pub root: RootSource,
+    /// The working directory inside the sandbox.
+    pub work_dir: String,
+    /// Limits for jobs that do not set their own.
+    pub defaults: EffectiveLimits,
+    /// Host id of the sandbox's root when running as host root.
+    pub root_mapped_id: u32,
+    /// Where to create the staging directory.
+    pub runtime_dir: PathBuf,
+    /// One network namespace per sandbox (default) rather than one shared by all.
+    pub net_per_sandbox: bool,
+    /// Cap on the bytes of collected files per job.
+    pub collect_max_bytes: u64,
+    /// Use cgroup v2 when delegated (`Some(probe source)`), never (`None`).
+    pub cgroup: Option<CgroupSource>,
+}
+
+/// Where to look for cgroup v2 delegation (parameters so tests can use a fake tree).
+#[derive(Debug, Clone)]
+pub struct CgroupSource {
+    pub mountinfo: PathBuf,
+    pub self_cgroup: PathBuf,
+}
+
+impl Default for CgroupSource {
+    fn default() -> Self {
+        CgroupSource {
+            mountinfo: "/proc/self/mountinfo".into(),
+            self_cgroup: "/proc/self/cgroup".into(),
+        }
+    }
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            zygote_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("forkbox")),
+            slots: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2),
+            root: RootSource::Allowlist(DEFAULT_ALLOWLIST.iter().map(PathBuf::from).collect()),
+            work_dir: "/work".into(),
+            defaults: EffectiveLimits::default(),
+            root_mapped_id: DEFAULT_ROOT_MAPPED_ID,
+            runtime_dir: std::env::temp_dir(),
+            net_per_sandbox: true,
+            collect_max_bytes: 8 * 1024 * 1024,
+            cgroup: Some(CgroupSource::default()),
+        }
+    }
+}
+
+/// Why the engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("staging directory {path}: {source}")]
+    Staging {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("engine channel: {0}")]
+    Channel(nix::errno::Errno),
+    #[error("starting the zygote {exe}: {source}")]
+    SpawnZygote {
+        exe: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("writing the zygote's id maps ({path}): {source}")]
+    IdMap {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("zygote set-up failed: {0}")]
+    ZygoteFailed(String),
+    #[error("the zygote exited during start-up")]
+    ZygoteGone,
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// How the node enforces each limit on this host.
+#[derive(Debug, Clone)]
+pub struct Mechanisms {
+    pub cgroup: cgroup::Delegation,
+    pub seccomp_instructions: usize,
+    pub identity: String,
+}
+
+type Waiters = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<FromZygote>>>>;
+
+struct Inner {
+    control: OwnedFd,
+    waiters: Waiters,
+    alive: Arc<AtomicBool>,
+    next_req: AtomicU64,
+    slots: Semaphore,
+    config: EngineConfig,
+    cgroups: Option<cgroup::Tree>,
+    mechanisms: Mechanisms,
+    staging: PathBuf,
+    zygote: Mutex<std::process::Child>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut child) = self.zygote.lock() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir(self.staging.join("root"));
+        let _ = std::fs::remove_dir(self.staging.join("layers"));
+        let _ = std::fs::remove_dir(&self.staging);
+    }
+}
+
+/// A warm sandbox engine. Cheap to clone; all clones share one zygote.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("slots", &self.inner.config.slots)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Starts the zygote and waits until it serves. Blocking; call it before heavy async work
+    /// or from `spawn_blocking`.
+    pub fn start(config: EngineConfig) -> Result<Engine, EngineError> {
+        if config.slots == 0 {
+            return Err(EngineError::Config("slots must be at least 1".into()));
+        }
+        if let RootSource::Image(dir) = &config.root {
+            if !dir.join("bin").exists() && !dir.join("usr").is_dir() {
+                return Err(EngineError::Config(format!(
+                    "rootfs {} does not look like a root filesystem (no bin or usr)",
+                    dir.display()
+                )));
+            }
+        }
+        let staging = make_staging(&config.runtime_dir)?;
+        let (ours, theirs) = wire::seqpacket_pair().map_err(EngineError::Channel)?;
+        let mut command = std::process::Command::new(&config.zygote_exe);
+        command
+            .arg("__zygote")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null());
+        command.env_clear();
+        sys::pass_fd(&mut command, std::os::fd::AsRawFd::as_raw_fd(&theirs), 3);
+        let child = command.spawn().map_err(|source| EngineError::SpawnZygote {
+            exe: config.zygote_exe.clone(),
+            source,
+        })?;
+        drop(theirs);
+        let pid = child.id();
+        let guard = ZygoteGuard(Some(child));
+
+        let probe = config
+            .cgroup
+            .as_ref()
+            .map(|src| cgroup::probe(&src.mountinfo, &src.self_cgroup));
+        let delegation = probe
+            .map(|p| p.delegation)
+            .unwrap_or(cgroup::Delegation::Unavailable(
+                "disabled by configuration".into(),
+            ));
+        let cgroups = match &delegation {
+            cgroup::Delegation::Delegated(dir) => {
+                cgroup::Tree::prepare(dir, std::process::id()).ok()
+            }
+            cgroup::Delegation::Unavailable(_) => None,
+        };
+        let zcfg = ZygoteConfig {
+            root: config.root.clone(),
+            staging: staging.clone(),
+            work_dir: config.work_dir.clone(),
+            defaults: config.defaults,
+            pool: config.slots + 1,
+            net_per_sandbox: config.net_per_sandbox,
+            cgroup_handshake: cgroups.is_some(),
+        };
+        wire::send(ours.as_fd(), &zcfg, &[]).map_err(EngineError::Channel)?;
+        expect(&ours, |m| matches!(m, FromZygote::NeedMaps))?;
+        let identity = write_id_maps(pid, config.root_mapped_id)?;
+        wire::send(ours.as_fd(), &ToZygote::MapsWritten, &[]).map_err(EngineError::Channel)?;
+        let seccomp_instructions = match expect(&ours, |m| matches!(m, FromZygote::Ready { .. }))? {
+            FromZygote::Ready {
+                seccomp_instructions,
+            } => seccomp_instructions,
+            _ => unreachable!("checked by expect"),
+        };
+
+        let waiters: Waiters = Arc::default();
+        let alive = Arc::new(AtomicBool::new(true));
+        let reader = ours.try_clone().map_err(|e| {
+            EngineError::Channel(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)))
+        })?;
+        spawn_event_reader(reader, waiters.clone(), alive.clone());
+        let slots = Semaphore::new(config.slots);
+        Ok(Engine {
+            inner: Arc::new(Inner {
+                control: ours,
+                waiters,
+                alive,
+                next_req: AtomicU64::new(1),
+                slots,
+                mechanisms: Mechanisms {
+                    cgroup: delegation,
+                    seccomp_instructions,
+                    identity,
+                },
+                config,
+                cgroups,
+                staging,
+                zygote: Mutex::new(guard.take()),
+            }),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// How limits and identity are enforced on this host.
+    pub fn mechanisms(&self) -> &Mechanisms {
+        &self.inner.mechanisms
+    }
+
+    /// Runs one job to completion.
+    pub async fn run(&self, job: &Job) -> Outcome {
+        self.run_cancellable(job, std::future::pending()).await
+    }
+
+    /// Runs one job; when `cancel` completes first, the sandbox is killed and the outcome is
+    /// `cancelled`.
+    pub async fn run_cancellable(
+        &self,
+        job: &Job,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Outcome {
+        if let Err(e) = job.validate() {
+            return Outcome::not_run(Status::Invalid, e.to_string());
+        }
+        let Ok(_permit) = self.inner.slots.acquire().await else {
+            return Outcome::not_run(Status::Error, "engine is shutting down");
+        };
+        match self.execute(job, cancel).await {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::not_run(Status::Error, e),
+        }
+    }
+
+    async fn execute(
+        &self,
+        job: &Job,
+        cancel: impl std::future::Future<Output = ()>,
+    ) -> Result<Outcome, String> {
+        let inner = &self.inner;
+        if !inner.alive.load(Ordering::Acquire) {
+            return Err("the sandbox zygote is gone; restart the node".into());
+        }
+        let limits = job.limits.resolve(&inner.config.defaults);
+        let payload = Payload {
+            job: job.clone(),
+            argv: job.command(),
+            env: job_env(job, &inner.config.work_dir),
+            limits,
+            collect_max_bytes: inner.config.collect_max_bytes,
+        };
+        let payload_fd = memfd_with(&serde_json::to_vec(&payload).map_err(|e| e.to_string())?)?;
+        let stdin_bytes = match &job.stdin {
+            Some(data) => data.to_bytes().map_err(|e| format!("stdin: {e}"))?,
+            None => Vec::new(),
+        };
+        let stdin_fd = memfd_with(&stdin_bytes)?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (report_r, report_w) = pipe()?;
+
+        let req = inner.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut events) = mpsc::unbounded_channel();
+        inner.waiters.lock().expect("waiters lock").insert(req, tx);
+        let _unregister = Unregister {
+            waiters: &inner.waiters,
+            req,
+        };
+        let requested_ns = mono_ns();
+        let fds = [
+            payload_fd.as_fd(),
+            stdin_fd.as_fd(),
+            stdout_w.as_fd(),
+            stderr_w.as_fd(),
+            report_w.as_fd(),
+        ];
+        wire::send(
+            inner.control.as_fd(),
+            &ToZygote::Spawn {
+                req,
+                timeout_ms: job.timeout_ms(),
+            },
+            &fds,
+        )
+        .map_err(|e| format!("sending the job to the zygote: {e}"))?;
+        drop((payload_fd, stdin_fd, stdout_w, stderr_w, report_w));
+        // From here on, a dropped future must not leave the sandbox running.
+        let mut kill_guard = KillGuard {
+            engine: self,
+            req,
+            armed: true,
+        };
+
+        let cap = limits.output_bytes;
+        let (over_tx, mut over_rx) = mpsc::unbounded_channel::<()>();
+        let stdout_task = tokio::spawn(read_capped(stdout_r, cap, over_tx.clone()));
+        let stderr_task = tokio::spawn(read_capped(stderr_r, cap, over_tx));
+        let report_task = tokio::spawn(read_all(
+            report_r,
+            inner.config.collect_max_bytes * 2 + 65536,
+        ));
+
+        let mut cgroup_job = None;
+        let mut exec_ns = None;
+        let mut output_killed = false;
+        let mut cancelled = false;
+        let mut cancel = std::pin::pin!(cancel);
+        let exit: Exit = loop {
+            tokio::select! {
+                ev = events.recv() => match ev {
+                    Some(FromZygote::Started { exec_ns: at, .. }) => exec_ns = Some(at),
+                    Some(FromZygote::Assigned { pid, .. }) => {
+                        // The init waits for this release: limits apply before the program runs.
+                        let placed = inner.cgroups.as_ref().map(|tree| {
+                            tree.create_job(&format!("job-{}-{req}", std::process::id()), &limits)
+                                .and_then(|cg| cg.add(pid).map(|()| cg))
+                        });
+                        match placed {
+                            Some(Ok(cg)) => {
+                                cgroup_job = Some(cg);
+                                self.send(ToZygote::Release { req });
+                            }
+                            Some(Err(e)) => {
+                                self.send(ToZygote::Kill { req });
+                                return Err(format!("cgroup placement failed (job not run): {e}"));
+                            }
+                            None => self.send(ToZygote::Release { req }),
+                        }
+                    }
+                    Some(FromZygote::Exited(exit)) => break exit,
+                    Some(_) => {}
+                    None => return Err("the sandbox zygote died during the job".into()),
+                },
+                Some(()) = over_rx.recv(), if !output_killed => {
+                    output_killed = true;
+                    self.send(ToZygote::Kill { req });
+                }
+                () = &mut cancel, if !cancelled => {
+                    cancelled = true;
+                    self.send(ToZygote::Kill { req });
+                }
+            }
+        };
+        kill_guard.armed = false;
+        let (stdout, stdout_truncated) = stdout_task.await.unwrap_or_default();
+        let (stderr, stderr_truncated) = stderr_task.await.unwrap_or_default();
+        let report_bytes = report_task.await.unwrap_or_default();
+        let accounting = cgroup_job.and_then(|cg| cg.finish().ok());
+
+        if let Some(error) = exit.error {
+            let mut o = Outcome::not_run(
+                Status::Error,
+                format!("sandbox set-up failed, job not run: {error}"),
+            );
+            o.stderr = String::from_utf8_lossy(&stderr).into_owned();
+            return Ok(o);
+        }
+        let exec_ns = exit.exec_ns.or(exec_ns);
+        let report: Option<Report> = serde_json::from_slice(&report_bytes).ok();
+        let exit_ns = report
+            .as_ref()
+            .and_then(|r| r.exit_ns)
+            .unwrap_or(exit.exit_ns);
+        let mut outcome = Outcome {
+            status: Status::Ok,
+            exit_code: 0,
+            signal: None,
+            timed_out: exit.timed_out,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            stdout_truncated,
+            stderr_truncated,
+            duration_ms: exec_ns
+                .map(|e| (exit_ns - e).max(0) as f64 / 1e6)
+                .unwrap_or(0.0),
+            spawn_us: exec_ns
+                .map(|e| ((e - requested_ns).max(0) / 1000) as u64)
+                .unwrap_or(0),
+            cpu_ms: exit.cpu_us / 1000,
+            max_rss_kb: accounting
+                .and_then(|a| a.memory_peak_kb)
+                .unwrap_or(exit.max_rss_kb),
+            files: Default::default(),
+            watchdog_overshoot_us: exit.overshoot_ns.map(|ns| ns / 1000),
+            error: None,
+        };
+        let killed_by = |o: &mut Outcome, status| {
+            o.status = status;
+            o.signal = Some(libc::SIGKILL);
+            o.exit_code = 128 + libc::SIGKILL;
+        };
+        if exit.timed_out {
+            killed_by(&mut outcome, Status::Timeout);
+            outcome.exit_code = EXIT_TIMEOUT;
+        } else if cancelled {
+            killed_by(&mut outcome, Status::Cancelled);
+        } else if output_killed {
+            killed_by(&mut outcome, Status::OutputLimit);
+        } else if accounting.is_some_and(|a| a.oom_killed) {
+            killed_by(&mut outcome, Status::MemoryLimit);
+        } else if let Some(r) = report {
+            if let Some(sig) = r.signal {
+                let cpu_exhausted = sig == libc::SIGXCPU
+                    || (sig == libc::SIGKILL && outcome.cpu_ms >= limits.cpu_ms);
+                outcome.status = if cpu_exhausted {
+                    Status::CpuLimit
+                } else {
+                    Status::Signaled
+                };
+                outcome.signal = Some(sig);
+                outcome.exit_code = 128 + sig;
+            } else {
+                let code = r.exit_code.unwrap_or(EXIT_SANDBOX_ERROR);
+                outcome.exit_code = code;
+                outcome.status = if code == 0 {
+                    Status::Ok
+                } else {
+                    Status::Failed
+                };
+            }
+            outcome.files = r.files;
+            outcome.error = r.collect_error;
+        } else {
+            outcome.status = Status::Error;
+            outcome.exit_code = EXIT_SANDBOX_ERROR;
+            outcome.error = Some("the sandbox init died without a report".into());
+        }
+        Ok(outcome)
+    }
+
+    fn send(&self, msg: ToZygote) {
+        let _ = wire::send(self.inner.control.as_fd(), &msg, &[]);
+    }
+}
+
+/// Kills the sandbox of a run whose future was dropped before it finished.
+struct KillGuard<'a> {
+    engine: &'a Engine,
+    req: u64,
+    armed: bool,
+}
+
+impl Drop for KillGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.engine.send(ToZygote::Kill { req: self.req });
+        }
+    }
+}
+
+struct Unregister<'a> {
+    waiters: &'a Waiters,
+    req: u64,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut w) = self.waiters.lock() {
+            w.remove(&self.req);
+        }
+    }
+}
+
+struct ZygoteGuard(Option<std::process::Child>);
+
+impl ZygoteGuard {
+    fn take(mut self) -> std::process::Child {
+        self.0.take().expect("taken once")
+    }
+}
+
+impl Drop for ZygoteGuard {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn expect(sock: &OwnedFd, want: impl Fn(&FromZygote) -> bool) -> Result<FromZygote, EngineError> {
+    match wire::recv::<FromZygote>(sock.as_fd()) {
+        Ok(Some(m)) if want(&m.message) => Ok(m.message),
+        Ok(Some(wire::Received {
+            message: FromZygote::StartFailed { error },
+            ..
+        })) => Err(EngineError::ZygoteFailed(error)),
+        Ok(Some(other)) => Err(EngineError::ZygoteFailed(format!(
+            "unexpected message {:?}",
+            other.message
+        ))),
+        Ok(None) => Err(EngineError::ZygoteGone),
+        Err(e) => Err(EngineError::Channel(e)),
+    }
+}
+
+/// Writes the zygote's maps. Host uid 0 is never mapped: as root, the sandbox's root is an
+/// unprivileged id; as an ordinary user, it is that user.
+fn write_id_maps(pid: u32, root_mapped_id: u32) -> Result<String, EngineError> {
+    let write = |file: &str, content: &str| {
+        let path = format!("/proc/{pid}/{file}");
+        std::fs::write(&path, content).map_err(|source| EngineError::IdMap { path, source })
+    };
+    if Uid::current().is_root() {
+        if root_mapped_id == 0 {
+            return Err(EngineError::Config(
+                "refusing to map host uid 0 into the sandbox".into(),
+            ));
+        }
+        write("uid_map", &format!("0 {root_mapped_id} 1"))?;
+        write("gid_map", &format!("0 {root_mapped_id} 1"))?;
+        Ok(format!(
+            "host root: sandbox root is host uid/gid {root_mapped_id}"
+        ))
+    } else {
+        let (uid, gid) = (
+            Uid::current().as_raw(),
+            nix::unistd::Gid::current().as_raw(),
+        );
+        // An unprivileged writer may only map its own ids, and only after denying setgroups.
+        write("setgroups", "deny")?;
+        write("uid_map", &format!("0 {uid} 1"))?;
+        write("gid_map", &format!("0 {gid} 1"))?;
+        Ok(format!("rootless: sandbox root is host uid {uid}"))
+    }
+}
+
+fn make_staging(parent: &Path) -> Result<PathBuf, EngineError> {
+    use std::os::unix::fs::PermissionsExt;
+    let err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| EngineError::Staging { path, source }
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("forkbox-")
+        .tempdir_in(parent)
+        .map_err(err(parent))?
+        .keep();
+    // Only mount points live here; the sandbox's unprivileged root must be able to reach them.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).map_err(err(&dir))?;
+    for sub in ["root", "layers"] {
+        std::fs::create_dir(dir.join(sub)).map_err(err(&dir))?;
+    }
+    Ok(dir)
+}
+
+/// The clean environment of a job: defaults, then the job's own variables.
+fn job_env(job: &Job, work_dir: &str) -> Vec<(String, String)> {
+    let mut env: std::collections::BTreeMap<String, String> = [
+        ("PATH", DEFAULT_PATH),
+        ("HOME", work_dir),
+        ("LANG", "C.UTF-8"),
+        ("TMPDIR", "/tmp"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    env.extend(job.env.clone());
+    env.into_iter().collect()
+}
+
+fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
+    let fd = nix::sys::memfd::memfd_create(
+        c"forkbox-job",
+        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+    )
+    .map_err(|e| format!("memfd: {e}"))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes).map_err(|e| format!("memfd: {e}"))?;
+    file.rewind().map_err(|e| format!("memfd: {e}"))?;
+    Ok(file.into())
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
+}
+
+/// Reads up to `cap` bytes; signals `over` (and stops reading) when the program writes more.
+async fn read_capped(fd: OwnedFd, cap: u64, over: mpsc::UnboundedSender<()>) -> (Vec<u8>, bool) {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return (Vec::new(), false);
+    };
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return (out, false),
+            Ok(n) => {
+                let room = (cap as usize).saturating_sub(out.len());
+                if n > room {
+                    out.extend_from_slice(&buf[..room]);
+                    let _ = over.send(());
+                    return (out, true);
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+        }
+    }
+}
+
+async fn read_all(fd: OwnedFd, max: u64) -> Vec<u8> {
+    let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let _ = rx.take(max).read_to_end(&mut out).await;
+    out
+}
+
+/// Routes zygote events to the runs waiting for them.
+fn spawn_event_reader(sock: OwnedFd, waiters: Waiters, alive: Arc<AtomicBool>) {
+    std::thread::Builder::new()
+        .name("forkbox-zygote-events".into())
+        .spawn(move || loop {
+            let msg = match wire::recv::<FromZygote>(sock.as_fd()) {
+                Ok(Some(m)) => m.message,
+                Ok(None) | Err(_) => {
+                    alive.store(false, Ordering::Release);
+                    // Dropping the senders wakes every waiting run with "zygote died".
+                    waiters.lock().map(|mut w| w.clear()).ok();
+                    tracing::error!(
+                        "the sandbox zygote exited; running jobs fail with status error"
+                    );
+                    return;
+                }
+            };
+            let req = match &msg {
+                FromZygote::Started { req, .. } | FromZygote::Assigned { req, .. } => *req,
+                FromZygote::Exited(e) => e.req,
+                _ => continue,
+            };
+            if let Some(tx) = waiters.lock().expect("waiters lock").get(&req) {
+                let _ = tx.send(msg);
+            }
+        })
+        .expect("spawning the zygote event thread");
+}

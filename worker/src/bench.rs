@@ -1,0 +1,270 @@
+//! `forkbox bench spawn`: sandbox spawn cost against baselines measured in the same run.
+//!
+//! Latency is measured paced (a pause between runs, so the pre-warmed pool is refilled, as it
+//! is for a node that is not saturated) and throughput back to back (the pool refill is then
+//! part of the cost). Baselines: bare fork+exec+wait of the same program, and bubblewrap with
+//! all namespaces unshared when it is installed.
+
+use std::path::Path;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use forkbox_queue::schema::{Job, Status};
+use serde::Serialize;
+
+use crate::cli::{runtime, SandboxOpts};
+use crate::sandbox::Engine;
+
+#[derive(Debug, Args)]
+pub struct BenchCmd {
+    #[command(subcommand)]
+    pub what: BenchWhat,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchWhat {
+    /// Spawn latency and throughput of /bin/true, and the watchdog's overshoot.
+    Spawn(SpawnArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SpawnArgs {
+    /// Runs per method.
+    #[arg(long, default_value_t = 300)]
+    pub iterations: usize,
+    /// Timeout runs for the watchdog overshoot (500 ms each).
+    #[arg(long, default_value_t = 50)]
+    pub overshoot_runs: usize,
+    /// Pause between paced runs, in microseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub pace_us: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sandbox: SandboxOpts,
+}
+
+#[derive(Debug, Serialize)]
+struct Stats {
+    p50_us: f64,
+    p99_us: f64,
+    mean_us: f64,
+    n: usize,
+}
+
+fn stats(mut samples: Vec<f64>) -> Stats {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| {
+        samples
+            .get(((samples.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
+    Stats {
+        p50_us: pick(0.50),
+        p99_us: pick(0.99),
+        mean_us: samples.iter().sum::<f64>() / samples.len().max(1) as f64,
+        n: samples.len(),
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct SpawnReport {
+    bare_fork_exec: Stats,
+    forkbox: Stats,
+    forkbox_spawn_us: Stats,
+    bwrap: Option<Stats>,
+    bare_per_s: f64,
+    forkbox_per_s: f64,
+    bwrap_per_s: Option<f64>,
+    forkbox_vs_bare_p50: f64,
+    bwrap_vs_forkbox_p50: Option<f64>,
+    watchdog_overshoot: Stats,
+}
+
+pub fn main(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
+    match cmd.what {
+        BenchWhat::Spawn(args) => spawn(args),
+    }
+}
+
+fn time_command(
+    mut make: impl FnMut() -> Command,
+    n: usize,
+    pace: Duration,
+) -> anyhow::Result<(Vec<f64>, f64)> {
+    let mut paced = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let status = make()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        paced.push(t.elapsed().as_secs_f64() * 1e6);
+        anyhow::ensure!(status.success(), "baseline command failed: {status}");
+        std::thread::sleep(pace);
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        make()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+    }
+    Ok((paced, n as f64 / t.elapsed().as_secs_f64()))
+}
+
+fn bwrap_command() -> Option<impl FnMut() -> Command> {
+    let bwrap = ["/usr/bin/bwrap", "/bin/bwrap"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())?;
+    Some(move || {
+        let mut c = Command::new(bwrap);
+        c.args([
+            "--unshare-all",
+            "--die-with-parent",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+        ]);
+        for (link, target) in [
+            ("/bin", "usr/bin"),
+            ("/sbin", "usr/sbin"),
+            ("/lib", "usr/lib"),
+            ("/lib64", "usr/lib64"),
+        ] {
+            if Path::new(link).is_symlink() {
+                c.args(["--symlink", target, link]);
+            } else if Path::new(link).is_dir() {
+                c.args(["--ro-bind", link, link]);
+            }
+        }
+        c.args([
+            "--ro-bind",
+            "/etc",
+            "/etc",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "/bin/true",
+        ]);
+        c
+    })
+}
+
+fn spawn(args: SpawnArgs) -> anyhow::Result<ExitCode> {
+    let n = args.iterations.max(10);
+    let pace = Duration::from_micros(args.pace_us);
+    let (bare, bare_per_s) = time_command(|| Command::new("/bin/true"), n, pace)?;
+    let bwrap = match bwrap_command() {
+        Some(make) => Some(time_command(make, n, pace)?),
+        None => None,
+    };
+    let engine = Engine::start(args.sandbox.engine_config(1))?;
+    let rt = runtime()?;
+    let job = Job::argv(["/bin/true"]);
+    let (fb, fb_spawn, fb_per_s, overshoot) = rt.block_on(async {
+        // Warm-up, so the first measured run does not pay for first-touch page faults.
+        for _ in 0..10 {
+            engine.run(&job).await;
+        }
+        let (mut lat, mut spawn) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let t = Instant::now();
+            let out = engine.run(&job).await;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            anyhow::ensure!(
+                out.status == Status::Ok,
+                "sandboxed /bin/true failed: {:?}",
+                out.error
+            );
+            spawn.push(out.spawn_us as f64);
+            tokio::time::sleep(pace).await;
+        }
+        let t = Instant::now();
+        for _ in 0..n {
+            engine.run(&job).await;
+        }
+        let per_s = n as f64 / t.elapsed().as_secs_f64();
+        let mut over = Vec::new();
+        let looping = Job {
+            timeout_ms: Some(500),
+            ..Job::shell("while :; do :; done")
+        };
+        for _ in 0..args.overshoot_runs {
+            let out = engine.run(&looping).await;
+            anyhow::ensure!(
+                out.status == Status::Timeout,
+                "expected a timeout, got {}",
+                out.status
+            );
+            over.push(out.watchdog_overshoot_us.unwrap_or(0) as f64);
+        }
+        Ok((lat, spawn, per_s, over))
+    })?;
+    let report = SpawnReport {
+        forkbox_vs_bare_p50: stats(fb.clone()).p50_us / stats(bare.clone()).p50_us,
+        bwrap_vs_forkbox_p50: bwrap
+            .as_ref()
+            .map(|(b, _)| stats(b.clone()).p50_us / stats(fb.clone()).p50_us),
+        bare_fork_exec: stats(bare),
+        forkbox: stats(fb),
+        forkbox_spawn_us: stats(fb_spawn),
+        bwrap_per_s: bwrap.as_ref().map(|(_, r)| *r),
+        bwrap: bwrap.map(|(b, _)| stats(b)),
+        bare_per_s,
+        forkbox_per_s: fb_per_s,
+        watchdog_overshoot: stats(overshoot),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("spawn of /bin/true, {n} runs each (paced latency; back-to-back throughput)");
+    println!(
+        "{:<28} {:>10} {:>10} {:>10}",
+        "method", "p50 us", "p99 us", "runs/s"
+    );
+    let row = |name: &str, s: &Stats, r: f64| {
+        println!(
+            "{name:<28} {:>10.0} {:>10.0} {:>10.0}",
+            s.p50_us, s.p99_us, r
+        )
+    };
+    row(
+        "bare fork+exec+wait",
+        &report.bare_fork_exec,
+        report.bare_per_s,
+    );
+    row(
+        "forkbox sandbox (warm)",
+        &report.forkbox,
+        report.forkbox_per_s,
+    );
+    if let (Some(b), Some(r)) = (&report.bwrap, report.bwrap_per_s) {
+        row("bwrap --unshare-all", b, r);
+    } else {
+        println!("bwrap: not installed (apt-get install -y bubblewrap)");
+    }
+    println!(
+        "forkbox request-to-exec (spawn_us): p50 {:.0} us, p99 {:.0} us",
+        report.forkbox_spawn_us.p50_us, report.forkbox_spawn_us.p99_us
+    );
+    println!("ratio forkbox/bare p50: {:.2}x", report.forkbox_vs_bare_p50);
+    if let Some(r) = report.bwrap_vs_forkbox_p50 {
+        println!("ratio bwrap/forkbox p50: {r:.2}x (forkbox is {r:.1}x faster)");
+    }
+    let o = &report.watchdog_overshoot;
+    println!(
+        "watchdog overshoot at 500 ms, {} runs: p50 {:.0} us, p99 {:.0} us",
+        o.n, o.p50_us, o.p99_us
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,423 @@
+//! The sandbox init: pid 1 of each sandbox's pid namespace.
+//!
+//! It is cloned by the zygote ahead of demand, builds its root while no job waits for it, and
+//! then blocks until a job arrives. For the job it writes the input files, forks the program,
+//! reaps every process of the sandbox, reports the program's exit and the collected files, and
+//! exits, which makes the kernel kill anything still alive in the pid namespace.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use forkbox_queue::FileData;
+use nix::errno::Errno;
+use nix::sys::resource::{setrlimit, Resource};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
+use super::rootfs::{self, RootPlan};
+use super::sys::{self, Forked, SockFilter};
+use super::wire::{self, FromInit, Payload, Report, ToInit, ZygoteConfig};
+
+/// Exit code of a program whose command was not found (as in a shell).
+const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code of a program found but not executable.
+const EXIT_NOT_EXECUTABLE: i32 = 126;
+
+/// Prefix of the exec timestamp the program writes to the exec-notify pipe just before exec.
+pub const EXEC_MARK: char = '@';
+
+/// Runs the init; never returns.
+pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
+    let code = match serve(&sock, cfg, seccomp) {
+        Ok(()) => 0,
+        Err(error) => {
+            // The zygote relays this as the reason the job did not run.
+            let _ = wire::send(sock.as_fd(), &FromInit::SetupFailed { error }, &[]);
+            1
+        }
+    };
+    sys::exit_now(code)
+}
+
+fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> Result<(), String> {
+    // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("set pdeathsig: {e}"))?;
+    // Nothing of the zygote's descriptors (other sandboxes' sockets, the engine's channel)
+    // may stay reachable from here.
+    sys::close_all_except(sock.as_raw_fd()).map_err(|e| format!("close inherited fds: {e}"))?;
+    // The uid/gid maps of our user namespace are written by the zygote; until then we have
+    // no identity inside it.
+    match wire::recv::<ToInit>(sock.as_fd()) {
+        Ok(Some(wire::Received {
+            message: ToInit::MapsWritten,
+            ..
+        })) => {}
+        _ => return Err("user namespace: the zygote did not write the id maps".into()),
+    }
+    nix::unistd::sethostname("forkbox").map_err(|e| format!("sethostname: {e}"))?;
+    if cfg.net_per_sandbox {
+        sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
+    }
+    let plan = RootPlan {
+        source: &cfg.root,
+        staging: &cfg.staging,
+        work_dir: &cfg.work_dir,
+        disk_mb: cfg.defaults.disk_mb,
+    };
+    rootfs::enter(&plan).map_err(|e| e.to_string())?;
+    wire::send(sock.as_fd(), &FromInit::Ready, &[]).map_err(|e| format!("report ready: {e}"))?;
+
+    let (wait_for_release, fds) = match wire::recv::<ToInit>(sock.as_fd()) {
+        Ok(Some(wire::Received {
+            message: ToInit::Run { wait_for_release },
+            fds,
+        })) if fds.len() == 6 => (wait_for_release, fds),
+        // The zygote is shutting down or retired this sandbox.
+        _ => sys::exit_now(0),
+    };
+    let mut fds = fds.into_iter();
+    let mut next = || fds.next().expect("six descriptors checked above");
+    let job_fds = JobFds {
+        payload: Some(next()),
+        stdin: next(),
+        stdout: next(),
+        stderr: next(),
+        report: next(),
+        exec_notify: next(),
+    };
+    if wait_for_release {
+        match wire::recv::<ToInit>(sock.as_fd()) {
+            Ok(Some(wire::Received {
+                message: ToInit::Release,
+                ..
+            })) => {}
+            _ => sys::exit_now(0),
+        }
+    }
+    run_job(job_fds, cfg, seccomp);
+}
+
+struct JobFds {
+    payload: Option<OwnedFd>,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    report: OwnedFd,
+    /// Close-on-exec pipe: the zygote sees EOF at the program's exec, or an error message.
+    exec_notify: OwnedFd,
+}
+
+/// Reports a failure that stops the job before its program runs, then exits.
+fn abort_job(exec_notify: &OwnedFd, message: &str) -> ! {
+    let _ = nix::unistd::write(exec_notify, message.as_bytes());
+    sys::exit_now(1)
+}
+
+fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
+    let mut raw = Vec::new();
+    let payload: Payload =
+        match fs::File::from(fds.payload.take().expect("payload fd")).read_to_end(&mut raw) {
+            Ok(_) => match serde_json::from_slice(&raw) {
+                Ok(p) => p,
+                Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
+            },
+            Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
+        };
+    drop(raw);
+    if payload.limits.disk_mb != cfg.defaults.disk_mb {
+        if let Err(e) = rootfs::resize(&cfg.work_dir, payload.limits.disk_mb) {
+            abort_job(&fds.exec_notify, &e.to_string());
+        }
+    }
+    let work = Path::new(&cfg.work_dir);
+    if let Err(e) = write_files(work, &payload) {
+        abort_job(&fds.exec_notify, &e);
+    }
+    let cwd = match &payload.job.cwd {
+        Some(c) if c.starts_with('/') => PathBuf::from(c),
+        Some(c) => work.join(c),
+        None => work.to_owned(),
+    };
+    if cwd.starts_with(work) {
+        if let Err(e) = fs::create_dir_all(&cwd) {
+            abort_job(&fds.exec_notify, &format!("cwd {}: {e}", cwd.display()));
+        }
+    }
+
+    let main_pid = match sys::fork_single_threaded() {
+        Err(e) => abort_job(&fds.exec_notify, &format!("fork: {e}")),
+        Ok(Forked::Child) => exec_program(&fds, &payload, &cwd, seccomp),
+        Ok(Forked::Parent { pid, .. }) => pid,
+    };
+    // Only the program may hold these now: the zygote waits for the exec-notify EOF, the engine
+    // for EOF on stdout and stderr.
+    let JobFds {
+        report,
+        payload: payload_fd,
+        stdin,
+        stdout,
+        stderr,
+        exec_notify,
+    } = fds;
+    drop((payload_fd, stdin, stdout, stderr, exec_notify));
+    let (exit_code, signal) = reap(main_pid);
+    let mut out = Report {
+        exit_code,
+        signal,
+        exit_ns: Some(super::mono_ns()),
+        ..Report::default()
+    };
+    if !payload.job.collect.is_empty() {
+        match collect(work, &payload.job.collect, payload.collect_max_bytes) {
+            Ok(files) => out.files = files,
+            Err(e) => out.collect_error = Some(e),
+        }
+    }
+    let bytes = serde_json::to_vec(&out).unwrap_or_default();
+    let _ = fs::File::from(report).write_all(&bytes);
+    sys::exit_now(0)
+}
+
+/// Waits for the program, then kills and reaps everything else in the sandbox.
+fn reap(main_pid: Pid) -> (Option<i32>, Option<i32>) {
+    let mut result = (None, None);
+    loop {
+        match waitpid(None, None) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == main_pid => {
+                result = (Some(code), None);
+                break;
+            }
+            Ok(WaitStatus::Signaled(pid, sig, _)) if pid == main_pid => {
+                result = (None, Some(sig as i32));
+                break;
+            }
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    // Background children die with the program: their files must settle before collection.
+    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+    while !matches!(waitpid(None, None), Err(Errno::ECHILD)) {}
+    result
+}
+
+fn write_files(work: &Path, payload: &Payload) -> Result<(), String> {
+    for (rel, data) in &payload.job.files {
+        let path = work.join(rel);
+        let bytes = data.to_bytes().map_err(|e| format!("files.{rel}: {e}"))?;
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent).map_err(|e| format!("files.{rel}: {e}"))?;
+        }
+        fs::write(&path, bytes).map_err(|e| format!("files.{rel}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// The program's side of the fork: the last isolation steps, then exec.
+fn exec_program(fds: &JobFds, payload: &Payload, cwd: &Path, seccomp: &[SockFilter]) -> ! {
+    let step = |name: &str, r: Result<(), Errno>| {
+        if let Err(e) = r {
+            abort_job(&fds.exec_notify, &format!("{name}: {e}"));
+        }
+    };
+    // A new session: no controlling terminal to inject input into.
+    step("setsid", nix::unistd::setsid().map(drop));
+    step(
+        "stdin",
+        nix::unistd::dup2(fds.stdin.as_raw_fd(), 0).map(drop),
+    );
+    step(
+        "stdout",
+        nix::unistd::dup2(fds.stdout.as_raw_fd(), 1).map(drop),
+    );
+    step(
+        "stderr",
+        nix::unistd::dup2(fds.stderr.as_raw_fd(), 2).map(drop),
+    );
+    step("chdir", nix::unistd::chdir(cwd));
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
+    let l = &payload.limits;
+    let mib = 1024 * 1024;
+    let cpu_s = l.cpu_ms.div_ceil(1000);
+    for (resource, soft, hard, name) in [
+        (
+            Resource::RLIMIT_AS,
+            l.memory_mb * mib,
+            l.memory_mb * mib,
+            "rlimit memory",
+        ),
+        (Resource::RLIMIT_NPROC, l.pids, l.pids, "rlimit pids"),
+        // SIGXCPU at the limit, SIGKILL a second later if it is caught.
+        (Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "rlimit cpu"),
+        (
+            Resource::RLIMIT_FSIZE,
+            l.file_size_mb * mib,
+            l.file_size_mb * mib,
+            "rlimit file size",
+        ),
+        (
+            Resource::RLIMIT_NOFILE,
+            l.open_files,
+            l.open_files,
+            "rlimit open files",
+        ),
+        (Resource::RLIMIT_CORE, 0, 0, "rlimit core"),
+    ] {
+        step(name, setrlimit(resource, soft, hard));
+    }
+    // Ordering: no_new_privs before seccomp (the kernel requires it unprivileged) and before
+    // exec; capabilities dropped before seccomp, which may deny capset; every descriptor but
+    // stdio marked close-on-exec late, after the last use of the ones we were given; seccomp
+    // last, so none of our own set-up runs under the filter.
+    step("no_new_privs", nix::sys::prctl::set_no_new_privs());
+    step("drop capabilities", sys::drop_all_capabilities());
+    step("close descriptors", sys::cloexec_from(3));
+    let argv = match to_cstrings(&payload.argv) {
+        Ok(a) => a,
+        Err(e) => abort_job(&fds.exec_notify, &e),
+    };
+    let envp: Vec<CString> = payload
+        .env
+        .iter()
+        .filter_map(|(k, v)| CString::new(format!("{k}={v}")).ok())
+        .collect();
+    let path_var = payload
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("");
+    let candidates = resolve(&payload.argv[0], path_var);
+    step("seccomp", sys::install_seccomp(seccomp));
+    // The deadline starts here; the zygote may notice the exec a little later.
+    let _ = nix::unistd::write(
+        &fds.exec_notify,
+        format!("{EXEC_MARK}{}", super::mono_ns()).as_bytes(),
+    );
+    let mut last = Errno::ENOENT;
+    for path in &candidates {
+        let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        let Err(e) = nix::unistd::execve(&c, &argv, &envp);
+        // Like execvp: keep looking past missing or unusable entries.
+        if e != Errno::ENOENT && e != Errno::ENOTDIR {
+            last = e;
+        }
+    }
+    let (code, what) = match last {
+        Errno::ENOENT => (EXIT_NOT_FOUND, "command not found".to_owned()),
+        e => (EXIT_NOT_EXECUTABLE, e.desc().to_owned()),
+    };
+    let _ = nix::unistd::write(
+        std::io::stderr().as_fd(),
+        format!("forkbox: {}: {what}\n", payload.argv[0]).as_bytes(),
+    );
+    sys::exit_now(code)
+}
+
+fn to_cstrings(items: &[String]) -> Result<Vec<CString>, String> {
+    items
+        .iter()
+        .map(|s| CString::new(s.as_bytes()).map_err(|_| format!("argument {s:?} contains NUL")))
+        .collect()
+}
+
+/// Candidate paths for a program name, in `PATH` order (a name with a slash is used as is).
+pub fn resolve(program: &str, path_var: &str) -> Vec<PathBuf> {
+    if program.contains('/') {
+        return vec![PathBuf::from(program)];
+    }
+    path_var
+        .split(':')
+        .map(|dir| {
+            if dir.is_empty() {
+                Path::new(".")
+            } else {
+                Path::new(dir)
+            }
+            .join(program)
+        })
+        .collect()
+}
+
+/// Reads the files of `/work` matching `patterns`, up to `max_bytes` in total.
+fn collect(
+    work: &Path,
+    patterns: &[String],
+    max_bytes: u64,
+) -> Result<BTreeMap<String, FileData>, String> {
+    let mut files = BTreeMap::new();
+    let mut total = 0u64;
+    for pattern in patterns {
+        let full = work.join(pattern);
+        let matches =
+            glob::glob(&full.to_string_lossy()).map_err(|e| format!("collect {pattern:?}: {e}"))?;
+        for path in matches.flatten() {
+            // Only regular files, and never through a symlink planted by the program.
+            let Ok(meta) = fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.is_file() {
+                continue;
+            }
+            let rel = path
+                .strip_prefix(work)
+                .unwrap_or(&path)
+                .to_string_lossy()
+                .into_owned();
+            if files.contains_key(&rel) {
+                continue;
+            }
+            total += meta.len();
+            if total > max_bytes {
+                return Err(format!("collected files exceed {max_bytes} bytes at {rel}"));
+            }
+            let bytes = fs::read(&path).map_err(|e| format!("collect {rel}: {e}"))?;
+            files.insert(rel, FileData::from_bytes(bytes));
+        }
+    }
+    Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_follows_path_order() {
+        assert_eq!(
+            resolve("/bin/sh", "/usr/bin"),
+            vec![PathBuf::from("/bin/sh")]
+        );
+        assert_eq!(resolve("./a", "/x"), vec![PathBuf::from("./a")]);
+        assert_eq!(
+            resolve("py", "/usr/local/bin:/usr/bin:"),
+            vec![
+                PathBuf::from("/usr/local/bin/py"),
+                PathBuf::from("/usr/bin/py"),
+                PathBuf::from("./py")
+            ]
+        );
+    }
+
+    #[test]
+    fn collect_reads_matching_regular_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::create_dir(dir.path().join("out")).unwrap();
+        fs::write(dir.path().join("out/a.txt"), "A").unwrap();
+        fs::write(dir.path().join("out/b.bin"), [0xffu8]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", dir.path().join("out/link.txt")).unwrap();
+        let got = collect(dir.path(), &["out/*.txt".into(), "out/*".into()], 100).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got["out/a.txt"], FileData::Text("A".into()));
+        assert!(matches!(got["out/b.bin"], FileData::Base64(_)));
+        let err = collect(dir.path(), &["out/*".into()], 1).unwrap_err();
+        assert!(err.contains("exceed 1 bytes"), "{err}");
+    }
+}

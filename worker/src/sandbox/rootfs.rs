@@ -1,0 +1,259 @@
+//! The sandbox's root filesystem, assembled by each init inside its own mount namespace.
+//!
+//! Host directories are never exposed writable: each allowlisted directory is an overlay whose
+//! upper layer is a size-capped tmpfs, so writes either fail (files owned by unmapped host users
+//! stay read-only to the sandbox) or land in RAM and vanish with the sandbox. `lowerdir=/` cannot
+//! work in a user namespace (its locked submounts make overlayfs fail with "failed to clone
+//! lowerpath"), hence the allowlist. The old root is detached after `pivot_root`, so nothing of
+//! the host outside the allowlist (`/home`, `/root`, `/run`, `/var`, `/srv`, ...) is reachable.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use super::wire::RootSource;
+
+/// Device nodes bound from the host into `/dev`.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Name of the old root inside the new one, between `pivot_root` and its detach.
+const OLD_ROOT: &str = ".oldroot";
+
+/// A failed isolation step: what was being done, on which path, and the errno.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} {path}: {errno}")]
+pub struct SetupError {
+    pub step: &'static str,
+    pub path: PathBuf,
+    pub errno: Errno,
+}
+
+fn fail<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> SetupError + 'a {
+    move |errno| SetupError {
+        step,
+        path: path.to_owned(),
+        errno,
+    }
+}
+
+fn io_fail<'a>(
+    step: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> SetupError + 'a {
+    move |e| SetupError {
+        step,
+        path: path.to_owned(),
+        errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
+    }
+}
+
+const NOSUID_NODEV: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV);
+
+fn tmpfs(target: &Path, options: &str) -> Result<(), SetupError> {
+    mount(
+        Some("tmpfs"),
+        target,
+        Some("tmpfs"),
+        NOSUID_NODEV,
+        Some(options),
+    )
+    .map_err(fail("mount tmpfs", target))
+}
+
+/// Everything the init needs to build its root.
+pub struct RootPlan<'a> {
+    pub source: &'a RootSource,
+    /// Host directory holding the empty `root` and `layers` mount points.
+    pub staging: &'a Path,
+    pub work_dir: &'a str,
+    pub disk_mb: u64,
+}
+
+/// Builds the root and pivots into it. Runs in the init, in its fresh mount namespace.
+pub fn enter(plan: &RootPlan<'_>) -> Result<(), SetupError> {
+    // Private first: nothing we mount may propagate back to the zygote or the host.
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(fail("make-rprivate", Path::new("/")))?;
+    let root = plan.staging.join("root");
+    let layers = plan.staging.join("layers");
+    tmpfs(&layers, &format!("size={}m,mode=0700", plan.disk_mb))?;
+    match plan.source {
+        RootSource::Allowlist(dirs) => {
+            tmpfs(&root, "size=1m,mode=0755")?;
+            for dir in dirs {
+                expose(dir, &root, &layers)?;
+            }
+        }
+        RootSource::Image(image) => overlay(image, &root, &layers.join("image"))?,
+    }
+    let work = root.join(plan.work_dir.trim_start_matches('/'));
+    for dir in [
+        root.join("dev"),
+        root.join("proc"),
+        root.join("tmp"),
+        work.clone(),
+        root.join(OLD_ROOT),
+    ] {
+        fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
+    }
+    populate_dev(&root.join("dev"), plan.disk_mb)?;
+    tmpfs(
+        &root.join("tmp"),
+        &format!("size={}m,mode=1777", plan.disk_mb),
+    )?;
+    tmpfs(&work, &format!("size={}m,mode=0755", plan.disk_mb))?;
+    // proc must be mounted while the host's proc is still visible in this namespace (the
+    // kernel refuses a proc mount that would reveal more than an existing one).
+    let proc = root.join("proc");
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        NOSUID_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(fail("mount proc", &proc))?;
+    let old = root.join(OLD_ROOT);
+    nix::unistd::pivot_root(&root, &old).map_err(fail("pivot_root", &root))?;
+    nix::unistd::chdir("/").map_err(fail("chdir", Path::new("/")))?;
+    let old = Path::new("/").join(OLD_ROOT);
+    umount2(&old, MntFlags::MNT_DETACH).map_err(fail("detach old root", &old))?;
+    fs::remove_dir(&old).map_err(io_fail("rmdir", &old))?;
+    if matches!(plan.source, RootSource::Allowlist(_)) {
+        // The root tmpfs only holds mount points and symlinks; nothing needs to write there.
+        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
+        mount(None::<&str>, "/", None::<&str>, flags, None::<&str>)
+            .map_err(fail("remount root read-only", Path::new("/")))?;
+    }
+    Ok(())
+}
+
+/// Exposes one host directory (or recreates one host symlink) under `root`.
+fn expose(dir: &Path, root: &Path, layers: &Path) -> Result<(), SetupError> {
+    let rel = dir.strip_prefix("/").unwrap_or(dir);
+    let target = root.join(rel);
+    let meta = match fs::symlink_metadata(dir) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_fail("stat", dir)(e)),
+    };
+    if let Some(parent) = target.parent() {
+        fs::create_dir_all(parent).map_err(io_fail("mkdir", parent))?;
+    }
+    if meta.file_type().is_symlink() {
+        let dest = fs::read_link(dir).map_err(io_fail("readlink", dir))?;
+        return symlink(&dest, &target).map_err(io_fail("symlink", &target));
+    }
+    if !meta.is_dir() {
+        return Ok(());
+    }
+    match overlay(dir, &target, &layers.join(rel)) {
+        Ok(()) => Ok(()),
+        // A lower directory with mounts beneath it (bind-mounted /etc/hosts in containers, say)
+        // cannot be an overlay lower layer in a user namespace; expose it read-only instead.
+        Err(SetupError {
+            errno: Errno::EINVAL,
+            ..
+        }) => read_only_bind(dir, &target),
+        Err(e) => Err(e),
+    }
+}
+
+fn overlay(lower: &Path, target: &Path, layer: &Path) -> Result<(), SetupError> {
+    let (upper, work) = (layer.join("upper"), layer.join("work"));
+    for d in [&upper, &work, &target.to_path_buf()] {
+        fs::create_dir_all(d).map_err(io_fail("mkdir", d))?;
+    }
+    let lower_s = lower.to_string_lossy();
+    if lower_s.contains([',', ':']) {
+        return Err(SetupError {
+            step: "overlay lowerdir",
+            path: lower.to_owned(),
+            errno: Errno::EINVAL,
+        });
+    }
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={},userxattr",
+        lower_s,
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        NOSUID_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(fail("mount overlay", target))
+}
+
+fn read_only_bind(dir: &Path, target: &Path) -> Result<(), SetupError> {
+    mount(
+        Some(dir),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(fail("bind", target))?;
+    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
+    mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
+        .map_err(fail("remount read-only", target))
+}
+
+fn populate_dev(dev: &Path, disk_mb: u64) -> Result<(), SetupError> {
+    tmpfs(dev, "size=64k,mode=0755")?;
+    for name in DEVICES {
+        let (host, node) = (Path::new("/dev").join(name), dev.join(name));
+        fs::File::create(&node).map_err(io_fail("create", &node))?;
+        mount(
+            Some(&host),
+            &node,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(fail("bind device", &host))?;
+    }
+    for (name, dest) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let link = dev.join(name);
+        symlink(dest, &link).map_err(io_fail("symlink", &link))?;
+    }
+    // POSIX semaphores and shared memory (Python's multiprocessing) live in /dev/shm.
+    let shm = dev.join("shm");
+    fs::create_dir(&shm).map_err(io_fail("mkdir", &shm))?;
+    fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777))
+        .map_err(io_fail("chmod", &shm))?;
+    tmpfs(&shm, &format!("size={}m,mode=1777", disk_mb))
+}
+
+/// Resizes the job's writable tmpfs mounts (after the pivot).
+pub fn resize(work_dir: &str, disk_mb: u64) -> Result<(), SetupError> {
+    for target in ["/tmp", work_dir, "/dev/shm"] {
+        let options = format!("size={disk_mb}m");
+        mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            MsFlags::MS_REMOUNT | NOSUID_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(fail("resize tmpfs", Path::new(target)))?;
+    }
+    Ok(())
+}

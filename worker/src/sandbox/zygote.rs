@@ -1,0 +1,648 @@
+//! The zygote: a single-threaded process that clones sandboxes ahead of demand and watches them.
+//!
+//! It is exec'd fresh by the engine (never forked from the multi-threaded node), enters its own
+//! user, mount, network, ipc and uts namespaces once, compiles the seccomp program once, and then
+//! runs one epoll loop over: the engine's channel, each warming sandbox's socket, each running
+//! sandbox's exec-notify pipe, pidfd and deadline timerfd. Keeping a pool of fully built
+//! sandboxes (namespaces entered, root pivoted, waiting for a job) takes all set-up off the
+//! spawn critical path; the loop only hands descriptors over. The deadline is an absolute
+//! CLOCK_MONOTONIC timerfd armed at the program's exec, and the kill goes through the init's
+//! pidfd, so the watchdog's precision is the scheduler's, not a polling tick's.
+
+use std::collections::{HashMap, VecDeque};
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
+use nix::sys::time::TimeSpec;
+use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+use nix::unistd::{Gid, Pid, Uid};
+
+use super::sys::{self, Forked, SockFilter};
+use super::wire::{self, Exit, FromInit, FromZygote, ToInit, ToZygote, ZygoteConfig};
+use super::{mono_ns, seccomp};
+
+/// Entry point of `forkbox __zygote`: the engine's channel is descriptor 3.
+pub fn main() -> ! {
+    let control = match sys::adopt_fd(3) {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("forkbox zygote: no engine channel on fd 3 ({e}); this command is internal");
+            sys::exit_now(2)
+        }
+    };
+    let code = match start(&control) {
+        Ok((cfg, program)) => {
+            Zygote::new(control, cfg, program).run();
+            0
+        }
+        Err(error) => {
+            let _ = wire::send(control.as_fd(), &FromZygote::StartFailed { error }, &[]);
+            1
+        }
+    };
+    sys::exit_now(code)
+}
+
+fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Vec<SockFilter>), String> {
+    if sys::thread_count() != Some(1) {
+        return Err("zygote: must be single-threaded".into());
+    }
+    let cfg: ZygoteConfig = match wire::recv(control.as_fd()) {
+        Ok(Some(m)) => m.message,
+        other => {
+            return Err(format!(
+                "zygote: no configuration from the engine ({:?})",
+                other.err()
+            ))
+        }
+    };
+    let host_root = Uid::current().is_root();
+    nix::sched::unshare(CloneFlags::CLONE_NEWUSER)
+        .map_err(|e| format!("unshare user namespace: {e}"))?;
+    wire::send(control.as_fd(), &FromZygote::NeedMaps, &[]).map_err(|e| format!("zygote: {e}"))?;
+    match wire::recv::<ToZygote>(control.as_fd()) {
+        Ok(Some(wire::Received {
+            message: ToZygote::MapsWritten,
+            ..
+        })) => {}
+        _ => return Err("user namespace: the engine did not write the id maps".into()),
+    }
+    if host_root {
+        // Host root's supplementary groups would still grant group access to host files.
+        nix::unistd::setgroups(&[]).map_err(|e| format!("drop supplementary groups: {e}"))?;
+    }
+    // Become the namespace's root, which the engine mapped to an unprivileged host id.
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
+        .map_err(|e| format!("setresgid 0: {e}"))?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
+        .map_err(|e| format!("setresuid 0: {e}"))?;
+    // Changing credentials cleared the dumpable flag, which would make /proc/<pid> of our own
+    // sandboxes owned by host root and their id maps unwritable for us.
+    nix::sys::prctl::set_dumpable(true).map_err(|e| format!("set dumpable: {e}"))?;
+    // Created after the user namespace, so they are owned by it.
+    let ns = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS;
+    nix::sched::unshare(ns).map_err(|e| format!("unshare mount/net/ipc/uts namespaces: {e}"))?;
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make-rprivate /: {e}"))?;
+    sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
+    nix::unistd::sethostname("forkbox").map_err(|e| format!("sethostname: {e}"))?;
+    let program = seccomp::compile().map_err(|e| e.to_string())?;
+    wire::send(
+        control.as_fd(),
+        &FromZygote::Ready {
+            seccomp_instructions: program.len(),
+        },
+        &[],
+    )
+    .map_err(|e| format!("zygote: {e}"))?;
+    Ok((cfg, program))
+}
+
+/// What an epoll token refers to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Control,
+    InitSocket(i32),
+    ExecNotify(i32),
+    Deadline(i32),
+    Exit(i32),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Phase {
+    Warming,
+    Ready,
+    Running,
+}
+
+struct Sandbox {
+    pid: Pid,
+    pidfd: OwnedFd,
+    sock: OwnedFd,
+    phase: Phase,
+    req: u64,
+    timeout_ms: u64,
+    exec_notify: Option<OwnedFd>,
+    notify_bytes: Vec<u8>,
+    exec_ns: Option<i64>,
+    deadline: Option<(TimerFd, i64)>,
+    exit: Exit,
+    setup_error: Option<String>,
+}
+
+struct Request {
+    req: u64,
+    timeout_ms: u64,
+    fds: Vec<OwnedFd>,
+}
+
+struct Zygote {
+    control: OwnedFd,
+    cfg: ZygoteConfig,
+    program: Vec<SockFilter>,
+    epoll: Epoll,
+    tokens: HashMap<u64, Source>,
+    next_token: u64,
+    sandboxes: HashMap<i32, Sandbox>,
+    ready: VecDeque<i32>,
+    by_req: HashMap<u64, i32>,
+    pending: VecDeque<Request>,
+    /// The last warm-up failure: while set, sandboxes are only built on demand, so a broken
+    /// host fails each job with the reason instead of spinning.
+    broken: Option<String>,
+}
+
+impl Zygote {
+    fn new(control: OwnedFd, cfg: ZygoteConfig, program: Vec<SockFilter>) -> Zygote {
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap_or_else(|e| {
+            eprintln!("forkbox zygote: epoll: {e}");
+            sys::exit_now(1)
+        });
+        let mut z = Zygote {
+            control,
+            cfg,
+            program,
+            epoll,
+            tokens: HashMap::new(),
+            next_token: 1,
+            sandboxes: HashMap::new(),
+            ready: VecDeque::new(),
+            by_req: HashMap::new(),
+            pending: VecDeque::new(),
+            broken: None,
+        };
+        let control = z.control.as_raw_fd();
+        z.watch(control, Source::Control);
+        z
+    }
+
+    fn watch(&mut self, fd: i32, source: Source) {
+        let token = self.next_token;
+        self.next_token += 1;
+        // Epoll keeps the number, not a reference: every source is unwatched before its close.
+        if self
+            .epoll
+            .add(
+                sys::borrow_fd(fd),
+                EpollEvent::new(EpollFlags::EPOLLIN, token),
+            )
+            .is_ok()
+        {
+            self.tokens.insert(token, source);
+        }
+    }
+
+    fn unwatch(&mut self, fd: i32, source: Source) {
+        let _ = self.epoll.delete(sys::borrow_fd(fd));
+        self.tokens.retain(|_, s| *s != source);
+    }
+
+    fn run(mut self) {
+        self.replenish();
+        let mut events = [EpollEvent::empty(); 64];
+        loop {
+            let n = match self.epoll.wait(&mut events, EpollTimeout::NONE) {
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(e) => {
+                    eprintln!("forkbox zygote: epoll_wait: {e}");
+                    return;
+                }
+            };
+            // Deadlines first: a kill must never wait behind other work of the same wake-up.
+            let mut ready: Vec<Source> = events[..n]
+                .iter()
+                .filter_map(|e| self.tokens.get(&e.data()).copied())
+                .collect();
+            ready.sort_by_key(|s| !matches!(s, Source::Deadline(_)));
+            for source in ready {
+                match source {
+                    Source::Control => {
+                        if !self.on_control() {
+                            self.shutdown();
+                            return;
+                        }
+                    }
+                    Source::InitSocket(pid) => self.on_init_message(pid),
+                    Source::ExecNotify(pid) => self.on_exec_notify(pid),
+                    Source::Deadline(pid) => self.on_deadline(pid),
+                    Source::Exit(pid) => self.on_exit(pid),
+                }
+            }
+            self.dispatch();
+            self.replenish();
+        }
+    }
+
+    fn shutdown(&mut self) {
+        for sb in self.sandboxes.values() {
+            let _ = sys::pidfd_kill(&sb.pidfd);
+        }
+    }
+
+    /// Handles one engine message; false when the engine is gone.
+    fn on_control(&mut self) -> bool {
+        let msg = match wire::recv::<ToZygote>(self.control.as_fd()) {
+            Ok(Some(m)) => m,
+            Ok(None) => return false,
+            Err(Errno::EAGAIN) => return true,
+            Err(e) => {
+                eprintln!("forkbox zygote: engine channel: {e}");
+                return false;
+            }
+        };
+        match msg.message {
+            ToZygote::Spawn { req, timeout_ms } => {
+                self.pending.push_back(Request {
+                    req,
+                    timeout_ms,
+                    fds: msg.fds,
+                });
+            }
+            ToZygote::Kill { req } => {
+                if let Some(pos) = self.pending.iter().position(|r| r.req == req) {
+                    self.pending.remove(pos);
+                    self.report(Exit {
+                        req,
+                        exit_ns: mono_ns(),
+                        killed: true,
+                        ..Exit::default()
+                    });
+                } else if let Some(sb) = self
+                    .by_req
+                    .get(&req)
+                    .and_then(|pid| self.sandboxes.get_mut(pid))
+                {
+                    sb.exit.killed = true;
+                    let _ = sys::pidfd_kill(&sb.pidfd);
+                }
+            }
+            ToZygote::Release { req } => {
+                if let Some(sb) = self
+                    .by_req
+                    .get(&req)
+                    .and_then(|pid| self.sandboxes.get(pid))
+                {
+                    let _ = wire::send(sb.sock.as_fd(), &ToInit::Release, &[]);
+                }
+            }
+            ToZygote::MapsWritten => {}
+        }
+        true
+    }
+
+    fn report(&self, exit: Exit) {
+        let _ = wire::send(self.control.as_fd(), &FromZygote::Exited(exit), &[]);
+    }
+
+    /// Hands pending jobs to ready sandboxes.
+    fn dispatch(&mut self) {
+        while !self.pending.is_empty() {
+            let Some(pid) = self.ready.pop_front() else {
+                return;
+            };
+            let request = self.pending.pop_front().expect("checked non-empty");
+            let (notify_r, notify_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.ready.push_front(pid);
+                    self.report(Exit {
+                        req: request.req,
+                        exit_ns: mono_ns(),
+                        error: Some(format!("exec-notify pipe: {e}")),
+                        ..Exit::default()
+                    });
+                    continue;
+                }
+            };
+            let handshake = self.cfg.cgroup_handshake;
+            let sb = self.sandboxes.get_mut(&pid).expect("ready sandboxes exist");
+            let mut fds: Vec<_> = request.fds.iter().map(|f| f.as_fd()).collect();
+            fds.push(notify_w.as_fd());
+            if wire::send(
+                sb.sock.as_fd(),
+                &ToInit::Run {
+                    wait_for_release: handshake,
+                },
+                &fds,
+            )
+            .is_err()
+            {
+                // That sandbox died while idle; its exit is handled by its pidfd. Try another.
+                self.pending.push_front(request);
+                continue;
+            }
+            drop(fds);
+            drop(request.fds);
+            drop(notify_w);
+            sb.phase = Phase::Running;
+            sb.req = request.req;
+            sb.timeout_ms = request.timeout_ms;
+            sb.exit.req = request.req;
+            let raw = notify_r.as_raw_fd();
+            sb.exec_notify = Some(notify_r);
+            self.by_req.insert(request.req, pid);
+            self.watch(raw, Source::ExecNotify(pid));
+            if handshake {
+                let _ = wire::send(
+                    self.control.as_fd(),
+                    &FromZygote::Assigned {
+                        req: request.req,
+                        pid,
+                    },
+                    &[],
+                );
+            }
+        }
+    }
+
+    /// Keeps `pool` sandboxes built or being built.
+    fn replenish(&mut self) {
+        loop {
+            let warming = self
+                .sandboxes
+                .values()
+                .filter(|s| s.phase == Phase::Warming)
+                .count();
+            let spare = self.ready.len() + warming;
+            let wanted = if self.broken.is_some() {
+                self.pending.len().min(1)
+            } else {
+                self.cfg.pool
+            };
+            if spare >= wanted {
+                return;
+            }
+            if let Err(error) = self.clone_sandbox() {
+                self.broken = Some(error.clone());
+                if let Some(r) = self.pending.pop_front() {
+                    self.report(Exit {
+                        req: r.req,
+                        exit_ns: mono_ns(),
+                        error: Some(error),
+                        ..Exit::default()
+                    });
+                } else {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn clone_sandbox(&mut self) -> Result<(), String> {
+        let (ours, theirs) = wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
+        let mut flags = libc::CLONE_NEWUSER
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS;
+        if self.cfg.net_per_sandbox {
+            flags |= libc::CLONE_NEWNET;
+        }
+        let (pid, pidfd) = match sys::clone_into_namespaces(flags) {
+            Err(e) => return Err(format!("clone sandbox namespaces: {e}")),
+            Ok(Forked::Child) => {
+                drop(ours);
+                super::init::main(theirs, &self.cfg, &self.program)
+            }
+            Ok(Forked::Parent { pid, pidfd }) => (pid, pidfd.expect("clone3 returns a pidfd")),
+        };
+        drop(theirs);
+        // Each sandbox has its own user namespace, so RLIMIT_NPROC counts its processes alone;
+        // its root is the zygote's root, itself an unprivileged host id.
+        let maps = [
+            ("setgroups", "deny"),
+            ("uid_map", "0 0 1"),
+            ("gid_map", "0 0 1"),
+        ];
+        for (file, content) in maps {
+            let path = format!("/proc/{pid}/{file}");
+            if let Err(e) = fs::write(&path, content) {
+                let _ = sys::pidfd_kill(&pidfd);
+                let _ = nix::sys::wait::waitpid(pid, None);
+                return Err(format!("write {path}: {e}"));
+            }
+        }
+        if let Err(e) = wire::send(ours.as_fd(), &ToInit::MapsWritten, &[]) {
+            let _ = sys::pidfd_kill(&pidfd);
+            let _ = nix::sys::wait::waitpid(pid, None);
+            return Err(format!("signal sandbox: {e}"));
+        }
+        let raw = pid.as_raw();
+        let (sock_fd, pidfd_fd) = (ours.as_raw_fd(), pidfd.as_raw_fd());
+        self.sandboxes.insert(
+            raw,
+            Sandbox {
+                pid,
+                pidfd,
+                sock: ours,
+                phase: Phase::Warming,
+                req: 0,
+                timeout_ms: 0,
+                exec_notify: None,
+                notify_bytes: Vec::new(),
+                exec_ns: None,
+                deadline: None,
+                exit: Exit::default(),
+                setup_error: None,
+            },
+        );
+        self.watch(sock_fd, Source::InitSocket(raw));
+        self.watch(pidfd_fd, Source::Exit(raw));
+        Ok(())
+    }
+
+    fn on_init_message(&mut self, pid: i32) {
+        let Some(sb) = self.sandboxes.get_mut(&pid) else {
+            return;
+        };
+        let msg = wire::recv::<FromInit>(sb.sock.as_fd());
+        let sock = sb.sock.as_raw_fd();
+        match msg {
+            Ok(Some(wire::Received {
+                message: FromInit::Ready,
+                ..
+            })) => {
+                sb.phase = Phase::Ready;
+                self.ready.push_back(pid);
+                self.broken = None;
+            }
+            Ok(Some(wire::Received {
+                message: FromInit::SetupFailed { error },
+                ..
+            })) => {
+                sb.setup_error = Some(error);
+            }
+            _ => {}
+        }
+        self.unwatch(sock, Source::InitSocket(pid));
+    }
+
+    fn on_exec_notify(&mut self, pid: i32) {
+        let Some(sb) = self.sandboxes.get_mut(&pid) else {
+            return;
+        };
+        let Some(fd) = sb.exec_notify.as_ref() else {
+            return;
+        };
+        let mut buf = [0u8; 4096];
+        match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Ok(0) => {}
+            Ok(n) => {
+                sb.notify_bytes.extend_from_slice(&buf[..n]);
+                return;
+            }
+            Err(Errno::EINTR | Errno::EAGAIN) => return,
+            Err(_) => {}
+        }
+        let raw = fd.as_raw_fd();
+        let req = sb.req;
+        let timeout_ms = sb.timeout_ms;
+        let stamp = parse_notify(&sb.notify_bytes);
+        self.unwatch(raw, Source::ExecNotify(pid));
+        let sb = self.sandboxes.get_mut(&pid).expect("present above");
+        sb.exec_notify = None;
+        let exec_ns = match stamp {
+            Ok(ns) => ns,
+            Err(reason) => {
+                sb.exit.error = Some(reason);
+                return;
+            }
+        };
+        sb.exec_ns = Some(exec_ns);
+        sb.exit.exec_ns = Some(exec_ns);
+        let deadline = exec_ns + timeout_ms as i64 * 1_000_000;
+        if let Ok(timer) = TimerFd::new(
+            ClockId::CLOCK_MONOTONIC,
+            TimerFlags::TFD_CLOEXEC | TimerFlags::TFD_NONBLOCK,
+        ) {
+            let at = TimeSpec::from_duration(std::time::Duration::from_nanos(deadline as u64));
+            if timer
+                .set(
+                    Expiration::OneShot(at),
+                    TimerSetTimeFlags::TFD_TIMER_ABSTIME,
+                )
+                .is_ok()
+            {
+                let raw = timer.as_fd().as_raw_fd();
+                sb.deadline = Some((timer, deadline));
+                self.watch(raw, Source::Deadline(pid));
+            }
+        }
+        let _ = wire::send(
+            self.control.as_fd(),
+            &FromZygote::Started { req, exec_ns },
+            &[],
+        );
+    }
+
+    fn on_deadline(&mut self, pid: i32) {
+        let Some(sb) = self.sandboxes.get_mut(&pid) else {
+            return;
+        };
+        let Some((timer, deadline)) = sb.deadline.as_ref() else {
+            return;
+        };
+        let _ = sys::pidfd_kill(&sb.pidfd);
+        let now = mono_ns();
+        sb.exit.timed_out = true;
+        sb.exit.overshoot_ns = Some(now - deadline);
+        let raw = timer.as_fd().as_raw_fd();
+        self.unwatch(raw, Source::Deadline(pid));
+        if let Some(sb) = self.sandboxes.get_mut(&pid) {
+            sb.deadline = None;
+        }
+    }
+
+    fn on_exit(&mut self, pid: i32) {
+        let Some(sb) = self.sandboxes.get(&pid) else {
+            return;
+        };
+        let usage = match sys::wait4_nohang(sb.pid) {
+            Ok(Some((_, usage))) => usage,
+            Ok(None) => return,
+            Err(_) => sys::Usage::default(),
+        };
+        let mut sb = self.sandboxes.remove(&pid).expect("present above");
+        for (fd, source) in [
+            (Some(sb.pidfd.as_raw_fd()), Source::Exit(pid)),
+            (Some(sb.sock.as_raw_fd()), Source::InitSocket(pid)),
+            (
+                sb.exec_notify.as_ref().map(|f| f.as_raw_fd()),
+                Source::ExecNotify(pid),
+            ),
+            (
+                sb.deadline.as_ref().map(|(t, _)| t.as_fd().as_raw_fd()),
+                Source::Deadline(pid),
+            ),
+        ] {
+            if let Some(fd) = fd {
+                self.unwatch(fd, source);
+            }
+        }
+        self.ready.retain(|p| *p != pid);
+        match sb.phase {
+            Phase::Running => {
+                self.by_req.remove(&sb.req);
+                let mut exit = std::mem::take(&mut sb.exit);
+                exit.exit_ns = mono_ns();
+                exit.cpu_us = usage.cpu_us;
+                exit.max_rss_kb = usage.max_rss_kb;
+                if let Some(fd) = sb.exec_notify.take() {
+                    // The exit can be seen before the exec notification; every writer is gone
+                    // now, so this read cannot block.
+                    let _ =
+                        std::io::Read::read_to_end(&mut fs::File::from(fd), &mut sb.notify_bytes);
+                }
+                if exit.exec_ns.is_none() && exit.error.is_none() {
+                    match parse_notify(&sb.notify_bytes) {
+                        Ok(stamp) => exit.exec_ns = Some(stamp),
+                        Err(_) if exit.killed => {}
+                        Err(reason) => exit.error = Some(reason),
+                    }
+                }
+                self.report(exit);
+            }
+            Phase::Warming | Phase::Ready => {
+                // A sandbox that died before its job: fail closed, and say why.
+                let error = sb
+                    .setup_error
+                    .unwrap_or_else(|| "sandbox init exited during set-up".into());
+                self.broken = Some(error.clone());
+                if let Some(r) = self.pending.pop_front() {
+                    self.report(Exit {
+                        req: r.req,
+                        exit_ns: mono_ns(),
+                        error: Some(error),
+                        ..Exit::default()
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The exec-notify pipe carries either the program's exec timestamp or why it never ran.
+fn parse_notify(bytes: &[u8]) -> Result<i64, String> {
+    let text = String::from_utf8_lossy(bytes);
+    match text
+        .strip_prefix(super::init::EXEC_MARK)
+        .and_then(|t| t.parse::<i64>().ok())
+    {
+        Some(ns) => Ok(ns),
+        None if text.is_empty() => Err("the sandbox exited before its program started".into()),
+        None => Err(text.into_owned()),
+    }
+}
