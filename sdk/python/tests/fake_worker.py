@@ -24,6 +24,7 @@ class FakeWorker:
         self.p = f"forkbox:{{{queue}}}"
         self.jobs = f"{self.p}:jobs"
         self.max_unfinished = 0
+        self.write_results_stream = True
         self._stop = threading.Event()
         try:
             self.r.xgroup_create(self.jobs, "workers", id="0", mkstream=True)
@@ -84,7 +85,8 @@ class FakeWorker:
         pipe.set(f"{self.p}:result:{job_id}", text, ex=600)
         pipe.rpush(f"{self.p}:done:{job_id}", result["status"])
         pipe.expire(f"{self.p}:done:{job_id}", 600)
-        pipe.xadd(f"{self.p}:results", {"result": text}, maxlen=10000, approximate=True)
+        if self.write_results_stream:
+            pipe.xadd(f"{self.p}:results", {"result": text}, maxlen=10000, approximate=True)
         if batch:
             pipe.hincrby(f"{self.p}:batch:{batch}", "done", 1)
             pipe.hincrby(f"{self.p}:batch:{batch}", result["status"], 1)

@@ -9,7 +9,7 @@ from .aio import AsyncForkbox
 from .client import Forkbox, default_socket_path
 from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, JobRejected, ProtocolError, Timeout
 from .job import build_job
-from .queue import Batch, Queue
+from .redis_queue import Batch, Queue
 from .result import STATUSES, Result
 
 __version__ = "0.1.0"

@@ -5,10 +5,12 @@ key of one queue lives in one slot and multi-key commands work):
 
 - ``forkbox:{Q}:jobs``            stream; ``XADD ... * job <job JSON>`` submits a job
 - ``forkbox:{Q}:result:<id>``     string; the result JSON once the job finished
-- ``forkbox:{Q}:done:<id>``       list; receives one element at completion (``BLPOP`` wakes on it)
+- ``forkbox:{Q}:done:<id>``       list; receives one element at completion (``BLMOVE`` wakes on it)
 - ``forkbox:{Q}:results``         stream of every result (field ``result``)
 - ``forkbox:{Q}:batch:<batch>``   hash; ``total`` (the client's), ``done`` and one field per status
 - ``forkbox:{Q}:cancelled``       sorted set id -> cancel time (ms); ``forkbox:{Q}:cancel`` channel
+
+docs/protocol.md is the contract; this module follows it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from .job import Data, build_job, normalize_job
 from .result import Result
 
 __all__ = ["Queue", "Batch", "JobSpec"]
+
+#: The queue's result lifetime when a job sets no ``result_ttl_s`` (docs/protocol.md).
+DEFAULT_RESULT_TTL_S = 86_400
 
 #: What ``Queue.map`` and ``Queue.batch`` accept per job: a v1 job object, or a shell string.
 JobSpec = Union[Mapping[str, Any], str]
@@ -159,12 +164,18 @@ class Queue:
             return []
         pipe = self.redis.pipeline(transaction=True)
         totals: Dict[str, int] = {}
+        ttls: Dict[str, int] = {}
         for j in jobs:
             b = j.get("batch")
             if isinstance(b, str):
                 totals[b] = totals.get(b, 0) + 1
+                ttl = j.get("result_ttl_s")
+                ttls[b] = max(ttls.get(b, 0), ttl if isinstance(ttl, int) and ttl > 0 else DEFAULT_RESULT_TTL_S)
         for b, n in totals.items():
             pipe.hincrby(self.batch_key(b), "total", n)
+            # Workers renew this TTL at each result; set it here too, so a batch whose jobs
+            # never run does not stay forever.
+            pipe.expire(self.batch_key(b), ttls[b])
         for j in jobs:
             pipe.xadd(self.jobs_key, {"job": json.dumps(j, ensure_ascii=False, separators=(",", ":"))})
         pipe.execute()
@@ -180,7 +191,8 @@ class Queue:
         """Waits for a job's result (``timeout`` seconds; ``None`` waits as long as it takes).
 
         Raises :class:`Timeout` when the wait runs out, and :class:`JobRejected` when the
-        worker refused the job as malformed.
+        worker refused the job as malformed. Several clients may wait on one id: the wait uses
+        ``BLMOVE done done``, which leaves the wake-up element in place (docs/protocol.md).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         done = self.done_key(job_id)
@@ -194,8 +206,9 @@ class Queue:
                 if left <= 0:
                     raise Timeout(f"no result for job {job_id} within {timeout}s (queue {self.name!r})")
                 wait = min(wait, left)
-            # BLPOP consumes the wake-up; the result itself stays readable for its TTL.
-            self.redis.blpop([done], timeout=max(wait, 0.01))
+            woke = self.redis.blmove(done, done, max(round(wait, 3), 0.01), "RIGHT", "LEFT")
+            if woke is not None and self.redis.exists(self.result_key(job_id)) == 0:
+                time.sleep(0.05)  # a wake-up without a result (it expired): do not spin
 
     def map(
         self,
@@ -217,7 +230,7 @@ class Queue:
         total = len(jobs) if hasattr(jobs, "__len__") else None  # type: ignore[arg-type]
         bar = _progress_bar(total, self.name) if progress else None
         source = iter(jobs)
-        inflight: Dict[bytes, str] = {}  # done key -> job id
+        inflight: Dict[str, None] = {}  # ids submitted, not yet yielded (insertion-ordered)
         exhausted = False
 
         def top_up() -> None:
@@ -229,32 +242,43 @@ class Queue:
                 except StopIteration:
                     exhausted = True
             for j in fresh:
-                if j["id"] in inflight.values():
-                    raise ValueError(f"job id {j['id']!r} appears twice in one map()")
+                if j["id"] in inflight:
+                    raise ValueError(f"job id {j['id']!r} appears twice among unfinished jobs")
             self._enqueue(fresh)
             for j in fresh:
-                inflight[self.done_key(j["id"]).encode()] = j["id"]
+                inflight[j["id"]] = None
 
         try:
+            # Results are read from the results stream (every result, in completion order),
+            # starting after its newest entry at the time of the first submission. That stream
+            # is capped, and a reader may fall behind, so results are also swept with MGET when
+            # the stream is idle and every few seconds.
+            cursor = self._stream_tail()
             top_up()
-            last_progress = time.monotonic()
+            last_progress = last_sweep = time.monotonic()
             while inflight:
-                popped = self.redis.blpop(list(inflight), timeout=self.block_s)
                 finished: List[Result] = []
-                if popped is not None:
-                    key = popped[0]
-                    job_id = inflight.get(key)
-                    res = self._get(job_id) if job_id is not None else None
-                    if res is not None:
-                        finished.append(res)
-                else:
-                    # Nothing woke us: sweep, in case another client consumed a wake-up.
-                    keys = list(inflight)
-                    ids = [inflight[k] for k in keys]
-                    raws = self.redis.mget([self.result_key(i) for i in ids])
-                    finished.extend(_parse_stored(r, i) for r, i in zip(raws, ids) if r is not None)
+                got = self.redis.xread({self.results_key: cursor}, count=1000, block=max(1, int(self.block_s * 1000)))
+                for _stream, entries in got or []:
+                    for entry_id, fields in entries:
+                        cursor = entry_id
+                        raw = fields.get(b"result")
+                        if raw is None or not _mentions_any(raw, inflight):
+                            continue
+                        res = _parse_stored(raw, "(results stream)")
+                        if res.id in inflight:
+                            finished.append(res)
+                now = time.monotonic()
+                if not got or now - last_sweep > 5 * self.block_s:
+                    last_sweep = now
+                    ids = [i for i in inflight if i not in {r.id for r in finished}]
+                    if ids:
+                        raws = self.redis.mget([self.result_key(i) for i in ids])
+                        finished.extend(_parse_stored(r, i) for r, i in zip(raws, ids) if r is not None)
                 for res in finished:
-                    inflight.pop(self.done_key(res.id).encode(), None)
+                    if res.id not in inflight:
+                        continue  # seen twice (stream and sweep)
+                    del inflight[res.id]
                     if bar is not None:
                         bar.update(1)
                     yield res
@@ -266,6 +290,10 @@ class Queue:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _stream_tail(self) -> Union[bytes, str]:
+        newest = self.redis.xrevrange(self.results_key, count=1)
+        return newest[0][0] if newest else b"0-0"
 
     # -- batches and cancellation ----------------------------------------------------------
 
@@ -335,8 +363,7 @@ class Batch:
         """
         q = self.queue
         deadline = None if timeout is None else time.monotonic() + timeout
-        newest = q.redis.xrevrange(q.results_key, count=1)
-        last_id = newest[0][0] if newest else b"0-0"
+        last_id = q._stream_tail()
         while True:
             c = self.counts()
             if c.get("done", 0) >= max(c.get("total", 0), len(self.ids)):
@@ -372,6 +399,13 @@ def _parse_stored(raw: Union[bytes, str], job_id: str) -> Result:
         return Result.from_json(raw)
     except ProtocolError as e:
         raise ProtocolError(f"stored result of job {job_id}: {e}") from None
+
+
+def _mentions_any(raw: bytes, ids: Mapping[str, None]) -> bool:
+    """Cheap pre-filter before parsing a result from the shared stream: does it name one of ids?"""
+    if len(ids) > 64 or any('"' in i or "\\" in i for i in ids):
+        return True  # ids that JSON escapes are not found verbatim; parse everything
+    return any(i.encode() in raw for i in ids)
 
 
 def _check(res: Result) -> Result:
