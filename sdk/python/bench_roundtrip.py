@@ -6,7 +6,8 @@ without a sandbox, measured in the same run (interleaved, so drift hits both ali
 --start-daemon runs its own `forkbox daemon` on a temporary socket ($FORKBOX_BIN, else the
 repository's target/release or target/debug binary) and stops it at the end.
 
-Both sides run the command the same way: `/bin/sh -c CMD`.
+Both sides run the command the same way: `/bin/sh -c CMD`, with the sandbox's clean environment
+(PATH, HOME, LANG), so `python3` resolves to the same interpreter on both sides.
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ COMMANDS = {
 }
 
 
+# The environment a job starts with (docs/protocol.md), given to the bare side too.
+CLEAN_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": tempfile.gettempdir(),
+    "LANG": "C.UTF-8",
+}
+
+
 def percentile(xs: List[float], q: float) -> float:
     s = sorted(xs)
     k = (len(s) - 1) * q
@@ -44,12 +53,12 @@ def percentile(xs: List[float], q: float) -> float:
 def measure(fb: Forkbox, cmd: str, n: int, warmup: int) -> Dict[str, List[float]]:
     sandbox: List[float] = []
     bare: List[float] = []
-    expected = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True).stdout
+    expected = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, env=CLEAN_ENV).stdout
     for i in range(warmup + n):
         t0 = time.perf_counter()
         res = fb.run(cmd)
         t1 = time.perf_counter()
-        out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True)
+        out = subprocess.run(["/bin/sh", "-c", cmd], capture_output=True, text=True, env=CLEAN_ENV)
         t2 = time.perf_counter()
         if res.status != "ok" or res.stdout != expected or out.returncode != 0:
             raise SystemExit(f"{cmd!r}: unexpected result {res!r} / {out!r}")
@@ -68,14 +77,16 @@ def own_daemon(slots: int) -> Iterator[str]:
         raise SystemExit("no forkbox binary: build it with `cargo build --release -p forkbox` or set FORKBOX_BIN")
     d = tempfile.mkdtemp(prefix="fbb-", dir="/tmp")
     sock = os.path.join(d, "fb.sock")
-    proc = subprocess.Popen([binary, "daemon", "--socket", sock, "--slots", str(slots)])
+    proc = subprocess.Popen(
+        [binary, "daemon", "--socket", sock, "--slots", str(slots)], stderr=subprocess.DEVNULL
+    )
     try:
         end = time.monotonic() + 30
         while not os.path.exists(sock):
             if proc.poll() is not None or time.monotonic() > end:
                 raise SystemExit(f"{binary} daemon did not start")
             time.sleep(0.02)
-        print(f"daemon: {binary} --socket {sock} --slots {slots}", file=sys.stderr)
+        print(f"daemon: {binary} daemon --socket {sock} --slots {slots}", file=sys.stderr)
         yield sock
     finally:
         proc.send_signal(signal.SIGTERM)
