@@ -1,0 +1,52 @@
+//! Errors of the node: what can stop a worker from starting or from shutting down cleanly.
+//!
+//! Redis outages are not among them: the node rides those out with back-off (see
+//! [`crate::node::health`]). These are the faults an operator must fix.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use forkbox_queue::QueueError;
+
+/// A node start-up or shutdown failure.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("reading config file {path}: {source}")]
+    ReadConfig {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    ParseConfig { path: PathBuf, message: String },
+    #[error("invalid setting {setting}: {message}")]
+    Setting {
+        setting: &'static str,
+        message: String,
+    },
+    #[error("queue {queue}: {source}")]
+    OpenQueue {
+        queue: String,
+        #[source]
+        source: Box<QueueError>,
+    },
+    #[error("binding the metrics listener on {addr}: {source}")]
+    MetricsBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("installing the Prometheus recorder: {0}")]
+    MetricsInstall(String),
+    #[error("installing the {signal} handler: {source}")]
+    Signal {
+        signal: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{count} finished result(s) could not be stored before exit; their entries stay pending \
+         and will run again"
+    )]
+    Unflushed { count: usize },
+}

@@ -1,0 +1,258 @@
+//! Prometheus metrics and the HTTP responder that serves them.
+//!
+//! The recorder is `metrics-exporter-prometheus` without its HTTP listener: the node installs
+//! it once per process ([`install`]) and answers `GET /metrics` (the rendered text) and
+//! `GET /healthz` from a small HTTP/1.1 responder on a tokio listener ([`serve`]), which keeps
+//! hyper out of the build. Every series the node reports is registered at zero when it starts
+//! ([`register`]), so a first scrape already lists them all.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use forkbox_queue::Status;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::node::error::NodeError;
+use crate::node::health::RedisHealth;
+
+pub const JOBS: &str = "forkbox_jobs_total";
+pub const JOB_DURATION: &str = "forkbox_job_duration_seconds";
+pub const SPAWN: &str = "forkbox_spawn_seconds";
+pub const SLOTS_BUSY: &str = "forkbox_slots_busy";
+pub const SLOTS_TOTAL: &str = "forkbox_slots_total";
+pub const QUEUE_LAG: &str = "forkbox_queue_lag";
+pub const RECLAIMED: &str = "forkbox_reclaimed_total";
+pub const DEAD_LETTERS: &str = "forkbox_dead_letter_total";
+pub const REDIS_ERRORS: &str = "forkbox_redis_errors_total";
+pub const WATCHDOG_OVERSHOOT: &str = "forkbox_watchdog_overshoot_seconds";
+
+/// Job wall time: 1 ms to 10 min.
+const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    300.0, 600.0,
+];
+/// Spawn and watchdog overshoot: 50 µs to 1 s.
+const FINE_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+];
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Installs the process-wide recorder (once; later calls return the same handle).
+pub fn install() -> Result<PrometheusHandle, NodeError> {
+    if let Some(h) = HANDLE.get() {
+        return Ok(h.clone());
+    }
+    let err = |e: metrics_exporter_prometheus::BuildError| NodeError::MetricsInstall(e.to_string());
+    let builder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(JOB_DURATION.into()), DURATION_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(SPAWN.into()), FINE_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(WATCHDOG_OVERSHOOT.into()), FINE_BUCKETS)
+        .map_err(err)?;
+    let handle = builder.install_recorder().map_err(err)?;
+    describe();
+    Ok(HANDLE.get_or_init(|| handle).clone())
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(JOBS, "Results stored by this node, by queue and status.");
+    describe_histogram!(JOB_DURATION, Unit::Seconds, "Wall time of each job.");
+    describe_histogram!(SPAWN, Unit::Seconds, "Sandbox spawn: request to execve.");
+    describe_gauge!(SLOTS_BUSY, "Jobs running now.");
+    describe_gauge!(SLOTS_TOTAL, "Concurrent jobs this node runs at most.");
+    describe_gauge!(QUEUE_LAG, "Entries not yet delivered to group workers.");
+    describe_counter!(
+        RECLAIMED,
+        "Entries taken over from dead or stuck consumers."
+    );
+    describe_counter!(DEAD_LETTERS, "Entries moved to the dead-letter stream.");
+    describe_counter!(REDIS_ERRORS, "Failed Redis calls.");
+    describe_histogram!(
+        WATCHDOG_OVERSHOOT,
+        Unit::Seconds,
+        "How late the watchdog's kill came after a job's wall limit."
+    );
+}
+
+/// Registers every series at zero so the first scrape shows them.
+pub fn register(queues: &[String], slots: usize) {
+    for q in queues {
+        for s in Status::ALL {
+            metrics::counter!(JOBS, "queue" => q.clone(), "status" => s.as_str()).absolute(0);
+        }
+        metrics::gauge!(QUEUE_LAG, "queue" => q.clone()).set(0.0);
+    }
+    metrics::counter!(RECLAIMED).absolute(0);
+    metrics::counter!(DEAD_LETTERS).absolute(0);
+    metrics::counter!(REDIS_ERRORS).absolute(0);
+    metrics::gauge!(SLOTS_BUSY).set(0.0);
+    metrics::gauge!(SLOTS_TOTAL).set(slots as f64);
+    // Touching a histogram registers it; it renders with zero counts until the first sample.
+    let _ = metrics::histogram!(JOB_DURATION);
+    let _ = metrics::histogram!(SPAWN);
+    let _ = metrics::histogram!(WATCHDOG_OVERSHOOT);
+}
+
+/// What `/healthz` reports.
+#[derive(Debug, Default)]
+pub struct NodeStatus {
+    pub draining: AtomicBool,
+    pub redis: Arc<RedisHealth>,
+}
+
+impl NodeStatus {
+    fn health(&self) -> (u16, String) {
+        if self.draining.load(Ordering::Relaxed) {
+            return (503, "draining: finishing running jobs before exit\n".into());
+        }
+        match self.redis.outage() {
+            // Still healthy: the node is alive and will catch up by itself; restarting it
+            // would not bring Redis back.
+            Some(d) => (
+                200,
+                format!(
+                    "ok (Redis unreachable for {:.0} s; retrying)\n",
+                    d.as_secs_f64()
+                ),
+            ),
+            None => (200, "ok\n".into()),
+        }
+    }
+}
+
+/// Binds `addr` (port 0 picks a free one) and returns the listener with its real address.
+pub async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), NodeError> {
+    let err = |source| NodeError::MetricsBind { addr, source };
+    let listener = TcpListener::bind(addr).await.map_err(err)?;
+    let local = listener.local_addr().map_err(err)?;
+    Ok((listener, local))
+}
+
+/// Serves `/metrics` and `/healthz` until the task is dropped; also runs the recorder's upkeep.
+pub async fn serve(listener: TcpListener, handle: PrometheusHandle, status: Arc<NodeStatus>) {
+    let upkeep = handle.clone();
+    let _upkeep = AbortOnDrop(tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    }));
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: pause instead of spinning.
+                tracing::warn!("metrics listener: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let handle = handle.clone();
+        let status = status.clone();
+        tokio::spawn(async move {
+            let _ =
+                tokio::time::timeout(Duration::from_secs(10), respond(stream, &handle, &status))
+                    .await;
+        });
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Largest request head accepted.
+const MAX_HEAD: usize = 8192;
+
+async fn respond(
+    mut stream: TcpStream,
+    handle: &PrometheusHandle,
+    status: &NodeStatus,
+) -> std::io::Result<()> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.len() > MAX_HEAD {
+            return write_response(&mut stream, 431, "text/plain", "request too large\n", false)
+                .await;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let head_only = method == "HEAD";
+    if method != "GET" && !head_only {
+        return write_response(&mut stream, 405, "text/plain", "use GET\n", false).await;
+    }
+    match path {
+        "/metrics" => {
+            let body = handle.render();
+            write_response(
+                &mut stream,
+                200,
+                "text/plain; version=0.0.4",
+                &body,
+                head_only,
+            )
+            .await
+        }
+        "/healthz" => {
+            let (code, body) = status.health();
+            write_response(&mut stream, code, "text/plain", &body, head_only).await
+        }
+        _ => {
+            write_response(
+                &mut stream,
+                404,
+                "text/plain",
+                "not found; try /metrics or /healthz\n",
+                head_only,
+            )
+            .await
+        }
+    }
+}
+
+async fn write_response(
+    stream: &mut TcpStream,
+    code: u16,
+    content_type: &str,
+    body: &str,
+    head_only: bool,
+) -> std::io::Result<()> {
+    let reason = match code {
+        200 => "OK",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
+        _ => "",
+    };
+    let head = format!(
+        "HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await?;
+    if !head_only {
+        stream.write_all(body.as_bytes()).await?;
+    }
+    stream.shutdown().await
+}

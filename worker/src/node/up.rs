@@ -1,0 +1,301 @@
+//! `forkbox up`: the one-command local node.
+//!
+//! It uses the Redis at `--redis` when one answers PING there, else (or with `--own-redis`)
+//! starts a private `redis-server` on a free port with its data in a temporary directory, then
+//! runs a worker in this process and prints how to submit jobs. Ctrl-C stops the worker
+//! (running jobs finish first; a second Ctrl-C kills them) and then the private Redis.
+//! `--demo` submits a handful of sample jobs, prints their results as a table and stops.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use forkbox_queue::{FileData, Job, JobResult, QueueConfig, RedisServer};
+
+use crate::cli::SandboxOpts;
+use crate::node::config::{self, NodeConfig};
+use crate::node::worker::{redact, Node, StopHandle, StopLevel};
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Use the Redis here when it answers; otherwise start a private one.
+    #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
+    pub redis: String,
+    /// Always start a private redis-server (temporary directory, free port).
+    #[arg(long)]
+    pub own_redis: bool,
+    /// Jobs run at once [default: the number of CPUs].
+    #[arg(long)]
+    pub slots: Option<usize>,
+    /// The queue to serve.
+    #[arg(long, default_value = config::DEFAULT_QUEUE)]
+    pub queue: String,
+    /// Serve /metrics and /healthz here (port 0 picks one).
+    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:0")]
+    pub metrics_addr: SocketAddr,
+    /// Seconds running jobs get to finish after Ctrl-C.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub grace: f64,
+    /// Run sample jobs, print their results as a table, and stop.
+    #[arg(long)]
+    pub demo: bool,
+    #[command(flatten)]
+    pub sandbox: SandboxOpts,
+}
+
+/// Whether something answers PING at `url` within a second.
+fn answers_ping(url: &str) -> bool {
+    let Ok(client) = forkbox_queue::redis::Client::open(url) else {
+        return false;
+    };
+    let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
+        return false;
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(1)));
+    forkbox_queue::redis::cmd("PING")
+        .query::<String>(&mut conn)
+        .is_ok()
+}
+
+pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
+    crate::node::cli::init_logging();
+    anyhow::ensure!(
+        args.grace.is_finite() && args.grace >= 0.0,
+        "--grace takes a number of seconds"
+    );
+    // Blocking set-up first: the private Redis and the engine (whose zygote must be started
+    // before the runtime's threads exist).
+    let private = if args.own_redis || !answers_ping(&args.redis) {
+        if !args.own_redis {
+            eprintln!(
+                "forkbox up: nothing answers at {}; starting a private redis-server",
+                redact(&args.redis)
+            );
+        }
+        Some(RedisServer::start().context(
+            "starting a private redis-server (is `redis-server` installed and in PATH? \
+             FORKBOX_REDIS_SERVER names another binary)",
+        )?)
+    } else {
+        None
+    };
+    let redis_url = private
+        .as_ref()
+        .map(RedisServer::url)
+        .unwrap_or_else(|| args.redis.clone());
+    let mut config = NodeConfig::new(redis_url.clone());
+    config.queues = vec![args.queue.clone()];
+    if let Some(s) = args.slots {
+        config.slots = s;
+    }
+    config.metrics_addr = Some(args.metrics_addr);
+    config.grace = Duration::from_secs_f64(args.grace);
+    config.validate()?;
+    let engine = crate::cli::default_engine(config.slots, &args.sandbox)?;
+    let slots = config.slots;
+    let name = config.name.clone();
+    let node = Node::new(config, engine);
+    let queue = args.queue.clone();
+    let private_note = private.is_some();
+
+    let code = crate::cli::runtime()?.block_on(async move {
+        let stop = StopHandle::default();
+        stop.on_signals(Duration::from_secs_f64(args.grace))?;
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let node_task = tokio::spawn(node.run(stop.clone(), move |addr| {
+            let _ = ready_tx.send(addr);
+        }));
+        let Ok(metrics) = ready_rx.await else {
+            // The node ended before it was ready: report its error.
+            node_task.await.context("the node task")??;
+            return Ok(ExitCode::SUCCESS);
+        };
+        print_banner(
+            &name,
+            slots,
+            &queue,
+            &redis_url,
+            private_note,
+            metrics,
+            args.demo,
+        );
+        let mut code = ExitCode::SUCCESS;
+        if args.demo {
+            let mut stop_rx = stop.subscribe();
+            tokio::select! {
+                r = demo(&redis_url, &queue) => match r {
+                    Ok(c) => code = c,
+                    Err(e) => {
+                        eprintln!("forkbox up --demo: {e:#}");
+                        code = ExitCode::from(1);
+                    }
+                },
+                _ = stop_rx.wait_for(|l| *l >= StopLevel::Drain) => {}
+            }
+            stop.raise(StopLevel::Drain);
+        }
+        node_task.await.context("the node task")??;
+        anyhow::Ok(code)
+    })?;
+    if let Some(server) = private {
+        drop(server);
+        eprintln!("forkbox up: stopped the worker and the private redis-server");
+    } else {
+        eprintln!("forkbox up: stopped the worker");
+    }
+    Ok(code)
+}
+
+fn print_banner(
+    name: &str,
+    slots: usize,
+    queue: &str,
+    url: &str,
+    private: bool,
+    metrics: Option<SocketAddr>,
+    demo: bool,
+) {
+    println!("forkbox up: worker {name} with {slots} slot(s) on queue {queue}");
+    println!(
+        "  redis:   {}{}",
+        redact(url),
+        if private {
+            "  (private redis-server; it stops with this node)"
+        } else {
+            ""
+        }
+    );
+    if let Some(m) = metrics {
+        println!("  metrics: http://{m}/metrics  (health: http://{m}/healthz)");
+    }
+    if demo {
+        println!();
+        return;
+    }
+    println!("Submit a job from another terminal:");
+    println!("  forkbox submit --redis {url} --wait -- echo hi");
+    println!(
+        "  redis-cli -u {url} XADD 'forkbox:{{{queue}}}:jobs' '*' job '{{\"id\":\"hello-1\",\"cmd\":\"echo hello\"}}'"
+    );
+    println!("  redis-cli -u {url} BLPOP 'forkbox:{{{queue}}}:done:hello-1' 30");
+    println!("  redis-cli -u {url} GET 'forkbox:{{{queue}}}:result:hello-1'");
+    println!("Ctrl-C stops the node.");
+}
+
+const HUMANEVAL_LIKE: &str = r#"from typing import List
+
+
+def has_close_elements(numbers: List[float], threshold: float) -> bool:
+    """Check if any two numbers are closer to each other than the threshold."""
+    ordered = sorted(numbers)
+    return any(b - a < threshold for a, b in zip(ordered, ordered[1:]))
+
+
+def check(candidate):
+    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) is True
+    assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.05) is False
+    assert candidate([1.0, 2.0, 5.9, 4.0, 5.0], 0.95) is True
+    assert candidate([1.1, 2.2, 3.1, 4.1, 5.1], 0.5) is False
+
+
+check(has_close_elements)
+print("all tests passed")
+"#;
+
+/// The sample jobs of `--demo`, with what each shows.
+pub fn demo_jobs() -> Vec<(&'static str, Job)> {
+    let run_id = &uuid::Uuid::new_v4().simple().to_string()[..6];
+    let mut jobs = vec![
+        ("echo", Job::shell("echo hello from a sandbox")),
+        (
+            "python3",
+            Job::argv([
+                "python3",
+                "-c",
+                "print(sum(i * i for i in range(1_000_000)))",
+            ]),
+        ),
+        ("failing", Job::shell("echo 'about to fail' >&2; exit 3")),
+        (
+            "timeout",
+            Job {
+                timeout_ms: Some(300),
+                ..Job::shell("sleep 10")
+            },
+        ),
+        (
+            "humaneval",
+            Job {
+                files: [(
+                    "solution.py".to_owned(),
+                    FileData::Text(HUMANEVAL_LIKE.into()),
+                )]
+                .into(),
+                ..Job::argv(["python3", "solution.py"])
+            },
+        ),
+        (
+            "isolation",
+            Job::shell("echo \"uid $(id -u), $(ls /home /root 2>/dev/null | wc -l) entries in /home and /root\"; ip -o link 2>/dev/null | wc -l"),
+        ),
+    ];
+    for (label, job) in &mut jobs {
+        job.id = Some(format!("demo-{run_id}-{label}"));
+    }
+    jobs
+}
+
+async fn demo(url: &str, queue: &str) -> anyhow::Result<ExitCode> {
+    let q = crate::node::client::connect(url)
+        .await?
+        .queue(queue, QueueConfig::default())?;
+    let jobs = demo_jobs();
+    println!("submitting {} sample jobs...", jobs.len());
+    for (_, job) in &jobs {
+        q.enqueue(job).await?;
+    }
+    let mut rows = Vec::new();
+    for (label, job) in &jobs {
+        let id = job.id.clone().expect("demo jobs carry ids");
+        let r = q
+            .wait_result(&id, Duration::from_secs(60))
+            .await?
+            .with_context(|| format!("no result for {id} within 60 s"))?;
+        rows.push((*label, r));
+    }
+    print_table(&rows);
+    println!();
+    println!("Each job ran in its own sandbox forked from a warm zygote; results live in Redis");
+    println!(
+        "under forkbox:{{{queue}}}:result:<id>. Run `forkbox up` without --demo to keep a node."
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_table(rows: &[(&str, JobResult)]) {
+    println!();
+    println!(
+        "{:<10} {:<8} {:>4} {:>9} {:>9}  OUTPUT",
+        "JOB", "STATUS", "EXIT", "WALL ms", "SPAWN us"
+    );
+    for (label, r) in rows {
+        let o = &r.outcome;
+        let text = if !o.stdout.trim().is_empty() {
+            o.stdout.trim()
+        } else if !o.stderr.trim().is_empty() {
+            o.stderr.trim()
+        } else {
+            o.error.as_deref().unwrap_or("")
+        };
+        let mut line: String = text.lines().last().unwrap_or("").chars().take(60).collect();
+        if text.lines().count() > 1 || text.chars().count() > 60 {
+            line.push('…');
+        }
+        println!(
+            "{:<10} {:<8} {:>4} {:>9.1} {:>9}  {}",
+            label, o.status, o.exit_code, o.duration_ms, o.spawn_us, line
+        );
+    }
+}

@@ -1,0 +1,733 @@
+//! The node's main loop: reading deliveries into slots and running them.
+//!
+//! The reader takes every free slot (a permit of the [`SlotPool`]) before it reads, asks Redis
+//! for at most that many entries, and gives each delivery one permit; a permit returns to the
+//! pool only when the job's result is stored (see [`outbox`](crate::node::outbox)), so the
+//! node never holds more entries than it can run. At start the reader drains the node's own
+//! pending entries; every half visibility timeout it reclaims idle entries of dead workers
+//! with the free slots it has.
+//!
+//! A job task runs one delivery in the engine and decides what becomes of it:
+//!
+//! - a malformed entry, or one the engine rejects as `invalid`: dead-lettered with the reason;
+//! - a sandbox set-up fault (`error`): left pending for the reclaimer, so it is retried, and
+//!   dead-lettered with the fault's text on its last allowed delivery;
+//! - a job killed because the grace period ran out: left pending, untouched;
+//! - anything else (`ok`, `failed`, `timeout`, `cancelled`, ...): a result.
+//!
+//! Stopping ([`StopLevel`]): `Drain` stops reading and lets running jobs finish within the
+//! grace period; `Kill` kills what still runs (those entries stay pending for the reclaimer).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use forkbox_queue::{Broker, Delivery, JobResult, Outcome, QueueSet, Status};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use crate::node::cancel::{self, CancelBoard, Start};
+use crate::node::config::NodeConfig;
+use crate::node::error::NodeError;
+use crate::node::health::{Backoff, RedisHealth};
+use crate::node::metrics::{self as m, NodeStatus};
+use crate::node::outbox::{self, Outbox};
+use crate::node::upkeep;
+use crate::sandbox::Engine;
+
+/// How far a node has been asked to stop. Levels only go up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StopLevel {
+    Running,
+    /// Stop reading; let running jobs finish.
+    Drain,
+    /// Kill running jobs now and leave their entries pending.
+    Kill,
+}
+
+/// Asks a running node to stop; clones share one state.
+#[derive(Debug, Clone)]
+pub struct StopHandle {
+    tx: Arc<watch::Sender<StopLevel>>,
+}
+
+impl Default for StopHandle {
+    fn default() -> Self {
+        StopHandle {
+            tx: Arc::new(watch::channel(StopLevel::Running).0),
+        }
+    }
+}
+
+impl StopHandle {
+    /// Raises the stop level (never lowers it).
+    pub fn raise(&self, level: StopLevel) {
+        self.tx.send_if_modified(|l| {
+            let raise = level > *l;
+            if raise {
+                *l = level;
+            }
+            raise
+        });
+    }
+
+    /// One step up: Running → Drain → Kill (a second Ctrl-C skips the grace period).
+    pub fn escalate(&self) -> StopLevel {
+        let next = match *self.tx.borrow() {
+            StopLevel::Running => StopLevel::Drain,
+            _ => StopLevel::Kill,
+        };
+        self.raise(next);
+        next
+    }
+
+    pub fn level(&self) -> StopLevel {
+        *self.tx.borrow()
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<StopLevel> {
+        self.tx.subscribe()
+    }
+
+    /// Escalates on every SIGINT and SIGTERM, logging what happens.
+    pub fn on_signals(&self, grace: Duration) -> Result<(), NodeError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt()).map_err(|source| NodeError::Signal {
+            signal: "SIGINT",
+            source,
+        })?;
+        let mut term = signal(SignalKind::terminate()).map_err(|source| NodeError::Signal {
+            signal: "SIGTERM",
+            source,
+        })?;
+        let stop = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let name = tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                };
+                match stop.escalate() {
+                    StopLevel::Drain => tracing::info!(
+                        "{name}: no new jobs; waiting up to {:.0} s for running jobs \
+                         (again to kill them)",
+                        grace.as_secs_f64()
+                    ),
+                    _ => tracing::warn!("{name} again: killing running jobs"),
+                }
+            }
+        });
+        Ok(())
+    }
+}
+
+/// Stream entries this node holds (delivered, not yet completed), per queue, so their claims
+/// can be refreshed.
+#[derive(Debug, Default)]
+pub struct Held {
+    entries: Mutex<HashMap<String, HashSet<String>>>,
+}
+
+impl Held {
+    pub fn add(&self, queue: &str, entry_id: &str) {
+        self.entries
+            .lock()
+            .expect("held lock")
+            .entry(queue.to_owned())
+            .or_default()
+            .insert(entry_id.to_owned());
+    }
+
+    pub fn remove(&self, queue: &str, entry_id: &str) {
+        if let Some(set) = self.entries.lock().expect("held lock").get_mut(queue) {
+            set.remove(entry_id);
+        }
+    }
+
+    /// The held entry ids of `queue`.
+    pub fn of(&self, queue: &str) -> Vec<String> {
+        self.entries
+            .lock()
+            .expect("held lock")
+            .get(queue)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries
+            .lock()
+            .expect("held lock")
+            .values()
+            .map(HashSet::len)
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The node's slots: one permit per job that may be held.
+#[derive(Debug, Clone)]
+pub struct SlotPool {
+    permits: Arc<Semaphore>,
+}
+
+impl SlotPool {
+    fn new(slots: usize) -> SlotPool {
+        SlotPool {
+            permits: Arc::new(Semaphore::new(slots)),
+        }
+    }
+
+    /// Waits for one free slot, then takes every other free one too.
+    async fn take_free(&self) -> Vec<OwnedSemaphorePermit> {
+        let first = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the slot pool is never closed");
+        let mut out = vec![first];
+        while let Ok(p) = self.permits.clone().try_acquire_owned() {
+            out.push(p);
+        }
+        out
+    }
+}
+
+/// What a node did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeReport {
+    /// Jobs killed at the end of the grace period and left pending.
+    pub abandoned: usize,
+}
+
+/// A worker node: one engine, one consumer name, a set of queues.
+pub struct Node {
+    config: NodeConfig,
+    engine: Engine,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("name", &self.config.name)
+            .finish()
+    }
+}
+
+/// State shared by the reader, the job tasks, the outbox and upkeep.
+pub(crate) struct Shared {
+    pub name: String,
+    pub set: QueueSet,
+    pub engine: Engine,
+    pub config: NodeConfig,
+    pub slots: SlotPool,
+    pub held: Arc<Held>,
+    pub board: Arc<CancelBoard>,
+    pub health: Arc<RedisHealth>,
+    pub busy: watch::Sender<usize>,
+    pub stop: watch::Receiver<StopLevel>,
+    pub abandoned: std::sync::atomic::AtomicUsize,
+}
+
+impl Node {
+    /// A node over a started engine (`Engine::start` blocks: call it before the runtime).
+    pub fn new(config: NodeConfig, engine: Engine) -> Node {
+        Node { config, engine }
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// Runs until `stop` reaches [`StopLevel::Drain`], then drains: running jobs get the grace
+    /// period, finished results are stored, and the node returns. `on_ready` is called with
+    /// the metrics address (if any) once the node reads its queues.
+    pub async fn run(
+        self,
+        stop: StopHandle,
+        on_ready: impl FnOnce(Option<std::net::SocketAddr>) + Send + 'static,
+    ) -> Result<NodeReport, NodeError> {
+        let config = self.config;
+        config.validate()?;
+        let mut stop_rx = stop.subscribe();
+        let health = Arc::new(RedisHealth::default());
+        let status = Arc::new(NodeStatus {
+            draining: AtomicBool::new(false),
+            redis: health.clone(),
+        });
+        let mut background = Vec::new();
+        let mut metrics_addr = None;
+        if let Some(addr) = config.metrics_addr {
+            let handle = m::install()?;
+            m::register(&config.queues, config.slots);
+            let (listener, local) = m::bind(addr).await?;
+            tracing::info!("metrics on http://{local}/metrics (and /healthz)");
+            metrics_addr = Some(local);
+            background.push(tokio::spawn(m::serve(listener, handle, status.clone())));
+        }
+
+        let Some(broker) = connect(&config.redis_url, &health, &mut stop_rx).await else {
+            return Ok(NodeReport::default());
+        };
+        let mut queues = Vec::new();
+        for q in &config.queues {
+            queues.push(broker.queue(q, config.queue.clone()).map_err(|source| {
+                NodeError::OpenQueue {
+                    queue: q.clone(),
+                    source: Box::new(source),
+                }
+            })?);
+        }
+        let set = QueueSet::new(queues).map_err(|source| NodeError::OpenQueue {
+            queue: config.queues.join(","),
+            source: Box::new(source),
+        })?;
+        let (busy, _) = watch::channel(0usize);
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            set: set.clone(),
+            engine: self.engine,
+            slots: SlotPool::new(config.slots),
+            held: Arc::new(Held::default()),
+            board: Arc::new(CancelBoard::default()),
+            health: health.clone(),
+            busy,
+            stop: stop_rx.clone(),
+            abandoned: Default::default(),
+            config,
+        });
+        let config = &shared.config;
+        tracing::info!(
+            "worker {} reading {} with {} slot(s) at {}",
+            config.name,
+            config.queues.join(","),
+            config.slots,
+            redact(&config.redis_url),
+        );
+
+        for q in set.queues() {
+            background.push(tokio::spawn(cancel::watch(
+                q.clone(),
+                shared.board.clone(),
+                health.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        background.push(tokio::spawn(upkeep::run(
+            set.clone(),
+            config.name.clone(),
+            shared.held.clone(),
+            health.clone(),
+            Duration::from_millis(config.queue.visibility_timeout_ms),
+            config.lag_interval,
+        )));
+        let (outbox, mut outbox_task) = outbox::start(
+            set.clone(),
+            config.name.clone(),
+            shared.held.clone(),
+            health.clone(),
+        );
+
+        let reader = tokio::spawn(
+            shared
+                .clone()
+                .read_loop(outbox.clone(), on_ready, metrics_addr),
+        );
+        // Drain starts when asked, or when the reader gives up by itself.
+        let _ = stop_rx.wait_for(|l| *l >= StopLevel::Drain).await;
+        let drain_started = Instant::now();
+        status.draining.store(true, Ordering::Relaxed);
+        let _ = reader.await;
+        drop(outbox);
+
+        let mut busy = shared.busy.subscribe();
+        let running = *busy.borrow();
+        if running > 0 {
+            tracing::info!("waiting for {running} running job(s)");
+        }
+        let grace_left = config.grace.saturating_sub(drain_started.elapsed());
+        let finished = tokio::select! {
+            r = tokio::time::timeout(grace_left, busy.wait_for(|n| *n == 0)) => r.is_ok(),
+            _ = stop_rx.wait_for(|l| *l >= StopLevel::Kill) => false,
+        };
+        if !finished {
+            let left = *busy.borrow();
+            if left > 0 {
+                tracing::warn!(
+                    "grace period over: killing {left} running job(s); their entries stay \
+                     pending for the reclaimer"
+                );
+            }
+            stop.raise(StopLevel::Kill);
+            let _ = busy.wait_for(|n| *n == 0).await;
+        }
+
+        // Every job task is done; their outbox handles are dropped with them.
+        let flush_limit = config.grace.max(Duration::from_secs(10));
+        let unflushed = match tokio::time::timeout(flush_limit, outbox_task.wait()).await {
+            Ok(()) => 0,
+            Err(_) => outbox_task.abort(),
+        };
+        for task in background {
+            task.abort();
+        }
+        if unflushed > 0 {
+            return Err(NodeError::Unflushed { count: unflushed });
+        }
+        let abandoned = shared.abandoned.load(Ordering::Relaxed);
+        tracing::info!("worker {} stopped", config.name);
+        Ok(NodeReport { abandoned })
+    }
+}
+
+/// The URL without its password, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+/// Connects, retrying with back-off until Redis answers or the node is told to stop.
+async fn connect(
+    url: &str,
+    health: &RedisHealth,
+    stop: &mut watch::Receiver<StopLevel>,
+) -> Option<Broker> {
+    let mut backoff = Backoff::default();
+    loop {
+        if *stop.borrow() >= StopLevel::Drain {
+            return None;
+        }
+        let attempt = tokio::select! {
+            r = Broker::connect(url) => r,
+            _ = stop.wait_for(|l| *l >= StopLevel::Drain) => return None,
+        };
+        match attempt {
+            Ok(b) => {
+                health.ok();
+                return Some(b);
+            }
+            Err(e) => {
+                health.failed("connecting", &e);
+                let pause = backoff.next_delay();
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = stop.wait_for(|l| *l >= StopLevel::Drain) => return None,
+                }
+            }
+        }
+    }
+}
+
+impl Shared {
+    fn stopping(&self) -> bool {
+        *self.stop.borrow() >= StopLevel::Drain
+    }
+
+    /// Sleeps `d`, or less when a stop is requested. Returns false when stopping.
+    async fn pause(&self, d: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => !self.stopping(),
+            _ = stop.wait_for(|l| *l >= StopLevel::Drain) => false,
+        }
+    }
+
+    async fn read_loop(
+        self: Arc<Self>,
+        outbox: Outbox,
+        on_ready: impl FnOnce(Option<std::net::SocketAddr>),
+        metrics_addr: Option<std::net::SocketAddr>,
+    ) {
+        let vis = Duration::from_millis(self.config.queue.visibility_timeout_ms);
+        let mut backoff = Backoff::default();
+        // Groups first (a fresh Redis has none), then what a previous life of this consumer
+        // name left pending.
+        while let Err(e) = self.set.ensure_groups().await {
+            self.health.failed("creating consumer groups", &e);
+            if !self.pause(backoff.next_delay()).await {
+                return;
+            }
+        }
+        self.health.ok();
+        for q in self.set.queues() {
+            loop {
+                let mut permits = self.slots.take_free().await;
+                match q.read_own_pending(&self.name, permits.len()).await {
+                    Ok(ds) => {
+                        if !ds.is_empty() {
+                            tracing::info!(
+                                queue = q.name(),
+                                "resuming {} entr(ies) this worker name held before",
+                                ds.len()
+                            );
+                        }
+                        for d in ds {
+                            let p = permits.pop().expect("at most one delivery per permit");
+                            self.clone().spawn_job(d, p, &outbox);
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        drop(permits);
+                        self.health.failed("reading own pending entries", &e);
+                        if !self.pause(backoff.next_delay()).await {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        on_ready(metrics_addr);
+        // Reclaim at once: jobs of workers that died while none was running wait no longer.
+        let reclaim_every = (vis / 2).max(Duration::from_millis(100));
+        let mut next_reclaim = Instant::now();
+        let mut stop = self.stop.clone();
+        loop {
+            let mut permits = tokio::select! {
+                p = self.slots.take_free() => p,
+                _ = stop.wait_for(|l| *l >= StopLevel::Drain) => return,
+            };
+            if self.stopping() {
+                return;
+            }
+            if Instant::now() >= next_reclaim {
+                next_reclaim = Instant::now() + reclaim_every;
+                self.reclaim(&mut permits, vis, &outbox).await;
+                if permits.is_empty() {
+                    continue;
+                }
+            }
+            let block = (next_reclaim
+                .saturating_duration_since(Instant::now())
+                .as_millis() as u64)
+                .clamp(1, self.config.block_ms);
+            // The read is not cancelled on stop: entries it took must reach a job task.
+            match self.set.read(&self.name, permits.len(), block).await {
+                Ok(ds) => {
+                    backoff.reset();
+                    self.health.ok();
+                    for d in ds {
+                        let p = permits.pop().expect("at most one delivery per permit");
+                        self.clone().spawn_job(d, p, &outbox);
+                    }
+                }
+                Err(e) => {
+                    drop(permits);
+                    self.health.failed("reading jobs", &e);
+                    if !self.pause(backoff.next_delay()).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Takes over entries idle past the visibility timeout, at most one per free permit.
+    async fn reclaim(
+        self: &Arc<Self>,
+        permits: &mut Vec<OwnedSemaphorePermit>,
+        vis: Duration,
+        outbox: &Outbox,
+    ) {
+        for q in self.set.queues() {
+            if permits.is_empty() {
+                return;
+            }
+            match q
+                .reclaim(&self.name, vis.as_millis() as u64, permits.len())
+                .await
+            {
+                Ok(r) => {
+                    if !r.deliveries.is_empty() {
+                        tracing::info!(
+                            queue = q.name(),
+                            "reclaimed {} entr(ies) idle past the visibility timeout",
+                            r.deliveries.len()
+                        );
+                    }
+                    if !r.dead_lettered.is_empty() {
+                        tracing::warn!(
+                            queue = q.name(),
+                            "dead-lettered {} entr(ies) that exceeded max_attempts",
+                            r.dead_lettered.len()
+                        );
+                        let n = r.dead_lettered.len() as u64;
+                        ::metrics::counter!(m::DEAD_LETTERS).increment(n);
+                        ::metrics::counter!(m::JOBS, "queue" => q.name().to_owned(),
+                            "status" => Status::Error.as_str())
+                        .increment(n);
+                    }
+                    ::metrics::counter!(m::RECLAIMED).increment(r.deliveries.len() as u64);
+                    for d in r.deliveries {
+                        let p = permits
+                            .pop()
+                            .expect("reclaim is limited to the free permits");
+                        self.clone().spawn_job(d, p, outbox);
+                    }
+                }
+                Err(e) => self.health.failed("reclaiming idle entries", &e),
+            }
+        }
+    }
+
+    fn spawn_job(self: Arc<Self>, d: Delivery, permit: OwnedSemaphorePermit, outbox: &Outbox) {
+        self.held.add(&d.queue, &d.entry_id);
+        let outbox = outbox.clone();
+        tokio::spawn(self.run_job(d, permit, outbox));
+    }
+
+    async fn run_job(self: Arc<Self>, d: Delivery, permit: OwnedSemaphorePermit, outbox: Outbox) {
+        let job = match &d.job {
+            Ok(job) => job,
+            Err(e) => {
+                let reason = e.to_string();
+                tracing::warn!(
+                    queue = d.queue,
+                    entry = d.entry_id,
+                    "malformed job: {reason}"
+                );
+                outbox.dead_letter(d, reason, permit);
+                return;
+            }
+        };
+        let notify = match self.board.start(&d.queue, &d.id) {
+            Start::Cancelled => {
+                tracing::info!(queue = d.queue, "job {} was cancelled before it ran", d.id);
+                let outcome = Outcome::not_run(Status::Cancelled, "cancelled before it started");
+                let result = self.result_of(&d, outcome);
+                outbox.complete(d, result, permit);
+                return;
+            }
+            Start::Run(n) => n,
+        };
+        self.busy.send_modify(|n| *n += 1);
+        ::metrics::gauge!(m::SLOTS_BUSY).increment(1.0);
+        let killed = AtomicBool::new(false);
+        let outcome = {
+            let mut stop = self.stop.clone();
+            let killed = &killed;
+            let cancel = async move {
+                tokio::select! {
+                    _ = notify.notified() => {}
+                    reached = async { stop.wait_for(|l| *l >= StopLevel::Kill).await.is_ok() } => {
+                        if reached {
+                            killed.store(true, Ordering::Relaxed);
+                        } else {
+                            std::future::pending::<()>().await;
+                        }
+                    }
+                }
+            };
+            self.engine.run_cancellable(job, cancel).await
+        };
+        self.board.finish(&d.queue, &d.id);
+        record_run(&outcome);
+        let done = || {
+            ::metrics::gauge!(m::SLOTS_BUSY).decrement(1.0);
+            self.busy.send_modify(|n| *n -= 1);
+        };
+        if killed.load(Ordering::Relaxed) && outcome.status == Status::Cancelled {
+            self.abandoned.fetch_add(1, Ordering::Relaxed);
+            self.held.remove(&d.queue, &d.entry_id);
+            drop(permit);
+            done();
+            return;
+        }
+        match outcome.status {
+            Status::Error => {
+                let fault = outcome.error.clone().unwrap_or_default();
+                let max = d.max_attempts(self.config.queue.max_attempts);
+                if d.deliveries >= u64::from(max) {
+                    let reason = format!(
+                        "sandbox set-up failed on all {} deliveries; last: {fault}",
+                        d.deliveries
+                    );
+                    tracing::error!(queue = d.queue, "job {}: {reason}", d.id);
+                    outbox.dead_letter(d, reason, permit);
+                } else {
+                    tracing::warn!(
+                        queue = d.queue,
+                        "job {}: sandbox set-up failed (delivery {} of {max}): {fault}; \
+                         left pending for a retry",
+                        d.id,
+                        d.deliveries
+                    );
+                    // Not refreshed any more: the reclaimer hands it out again after the
+                    // visibility timeout.
+                    self.held.remove(&d.queue, &d.entry_id);
+                    drop(permit);
+                }
+            }
+            Status::Invalid => {
+                let reason = outcome
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "invalid job".into());
+                outbox.dead_letter(d, reason, permit);
+            }
+            _ => {
+                let result = self.result_of(&d, outcome);
+                outbox.complete(d, result, permit);
+            }
+        }
+        done();
+    }
+
+    fn result_of(&self, d: &Delivery, outcome: Outcome) -> JobResult {
+        JobResult {
+            id: d.id.clone(),
+            outcome,
+            attempt: u32::try_from(d.deliveries).unwrap_or(u32::MAX),
+            worker: self.name.clone(),
+            batch: d.batch(),
+        }
+    }
+}
+
+/// Histograms of a job that reached the sandbox.
+fn record_run(outcome: &Outcome) {
+    if outcome.spawn_us > 0 {
+        ::metrics::histogram!(m::SPAWN).record(outcome.spawn_us as f64 / 1e6);
+        ::metrics::histogram!(m::JOB_DURATION).record(outcome.duration_ms / 1e3);
+    }
+    if let Some(us) = outcome.watchdog_overshoot_us {
+        ::metrics::histogram!(m::WATCHDOG_OVERSHOOT).record(us.max(0) as f64 / 1e6);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_levels_only_go_up() {
+        let s = StopHandle::default();
+        assert_eq!(s.escalate(), StopLevel::Drain);
+        s.raise(StopLevel::Running);
+        assert_eq!(s.level(), StopLevel::Drain);
+        assert_eq!(s.escalate(), StopLevel::Kill);
+    }
+
+    #[test]
+    fn redact_hides_the_password() {
+        assert_eq!(redact("redis://:pw@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn held_entries_are_tracked_per_queue() {
+        let h = Held::default();
+        h.add("a", "1-0");
+        h.add("a", "2-0");
+        h.add("b", "1-0");
+        h.remove("a", "1-0");
+        assert_eq!(h.of("a"), ["2-0"]);
+        assert_eq!(h.len(), 2);
+    }
+}
