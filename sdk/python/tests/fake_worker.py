@@ -21,6 +21,7 @@ import redis
 class FakeWorker:
     def __init__(self, url: str, queue: str = "default", slots: int = 4) -> None:
         self.r = redis.Redis.from_url(url)
+        self.queue = queue
         self.p = f"forkbox:{{{queue}}}"
         self.jobs = f"{self.p}:jobs"
         self.max_unfinished = 0

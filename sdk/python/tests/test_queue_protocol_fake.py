@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from typing import Dict, Iterator
 
 import pytest
@@ -18,29 +19,29 @@ from forkbox import JobRejected, Queue, Timeout
 
 @pytest.fixture
 def fake_worker(redis_url: str) -> Iterator[FakeWorker]:
-    redis.Redis.from_url(redis_url).flushall()
-    w = FakeWorker(redis_url, slots=4)
+    # A queue of its own: a real worker on the same Redis serves only `default`.
+    w = FakeWorker(redis_url, queue=f"fake-{uuid.uuid4().hex[:8]}", slots=4)
     yield w
     w.close()
 
 
 def test_submit_writes_the_documented_entry(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url)
+    q = Queue(redis_url, fake_worker.queue)
     job_id = q.submit(cmd="hello", timeout_ms=500, memory_mb=64, files={"a.bin": b"\xff"})
     res = q.result(job_id, timeout=10)
     assert res.stdout == "hello\n" and res.id == job_id
     r = redis.Redis.from_url(redis_url)
     # The done list was consumed by our BLPOP or never needed; the result stays.
-    assert r.exists(f"forkbox:{{default}}:result:{job_id}") == 1
+    assert r.exists(f"forkbox:{{{fake_worker.queue}}}:result:{job_id}") == 1
     with pytest.raises(ValueError, match="queue name"):
         Queue(redis_url, queue="a:b")
 
 
 def test_result_survives_a_stolen_wakeup(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url, block_s=0.2)
+    q = Queue(redis_url, fake_worker.queue, block_s=0.2)
     job_id = q.submit(cmd="sleep:0.3")
     thief = redis.Redis.from_url(redis_url)
-    t = threading.Thread(target=lambda: thief.blpop([f"forkbox:{{default}}:done:{job_id}"], timeout=5))
+    t = threading.Thread(target=lambda: thief.blpop([f"forkbox:{{{fake_worker.queue}}}:done:{job_id}"], timeout=5))
     t.start()
     time.sleep(0.05)  # the thief waits first, so it gets the wake-up
     assert q.result(job_id, timeout=5).status == "ok"
@@ -48,7 +49,7 @@ def test_result_survives_a_stolen_wakeup(redis_url: str, fake_worker: FakeWorker
 
 
 def test_result_timeout_and_rejection(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url)
+    q = Queue(redis_url, fake_worker.queue)
     with pytest.raises(Timeout):
         q.result("never-submitted", timeout=0.3)
     with pytest.raises(JobRejected, match="fake worker"):
@@ -56,7 +57,7 @@ def test_result_timeout_and_rejection(redis_url: str, fake_worker: FakeWorker) -
 
 
 def test_map_bounds_unfinished_jobs(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url)
+    q = Queue(redis_url, fake_worker.queue)
     jobs = [{"id": f"m{i}", "cmd": "sleep:0.05" if i % 2 else f"echo-{i}"} for i in range(40)]
     seen: Dict[str, str] = {}
     for res in q.map(iter(jobs), concurrency=5, timeout=10):
@@ -71,18 +72,18 @@ def test_map_bounds_unfinished_jobs(redis_url: str, fake_worker: FakeWorker) -> 
 def test_map_finds_results_missing_from_the_stream(redis_url: str, fake_worker: FakeWorker) -> None:
     # The results stream is capped: a slow reader can miss entries. The MGET sweep finds them.
     fake_worker.write_results_stream = False
-    q = Queue(redis_url, block_s=0.2)
+    q = Queue(redis_url, fake_worker.queue, block_s=0.2)
     out = list(q.map([f"x{i}" for i in range(10)], concurrency=3, timeout=10))
     assert sorted(res.stdout for res in out) == sorted(f"x{i}\n" for i in range(10))
 
 
 def test_several_waiters_on_one_id(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url)
+    q = Queue(redis_url, fake_worker.queue)
     job_id = q.submit("sleep:0.3")
     got: Dict[int, str] = {}
 
     def wait(i: int) -> None:
-        got[i] = Queue(redis_url).result(job_id, timeout=5).status
+        got[i] = Queue(redis_url, fake_worker.queue).result(job_id, timeout=5).status
 
     ts = [threading.Thread(target=wait, args=(i,)) for i in range(3)]
     for t in ts:
@@ -91,11 +92,11 @@ def test_several_waiters_on_one_id(redis_url: str, fake_worker: FakeWorker) -> N
         t.join()
     assert got == {0: "ok", 1: "ok", 2: "ok"}
     # BLMOVE keeps the wake-up element for later waiters (and for redis-cli users).
-    assert redis.Redis.from_url(redis_url).llen(f"forkbox:{{default}}:done:{job_id}") == 1
+    assert redis.Redis.from_url(redis_url).llen(f"forkbox:{{{fake_worker.queue}}}:done:{job_id}") == 1
 
 
 def test_batch(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url)
+    q = Queue(redis_url, fake_worker.queue)
     b = q.batch(["exit:0"] * 5 + ["exit:2"] * 2 + ["sleep:0.2"], chunk=3)
     assert b.wait(timeout=10) == {"ok": 6, "failed": 2}
     assert b.counts()["total"] == 8 and b.done == 8
@@ -106,10 +107,10 @@ def test_batch(redis_url: str, fake_worker: FakeWorker) -> None:
 
 
 def test_cancel(redis_url: str, fake_worker: FakeWorker) -> None:
-    q = Queue(redis_url)
+    q = Queue(redis_url, fake_worker.queue)
     job_id = q.submit("sleep:10")
     time.sleep(0.2)
     q.cancel(job_id)
     assert q.result(job_id, timeout=5).status == "cancelled"
     r = redis.Redis.from_url(redis_url)
-    assert r.zscore("forkbox:{default}:cancelled", job_id) is not None
+    assert r.zscore(f"forkbox:{{{fake_worker.queue}}}:cancelled", job_id) is not None
