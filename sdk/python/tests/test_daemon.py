@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -282,8 +283,9 @@ def test_refuses_a_path_that_is_not_its_socket(forkbox_bin: Path) -> None:
         proc.stop()
         pytest.fail(f"the daemon started over a regular file:\n{tail(proc.log)}")
     proc.stop()
-    assert code != 0
+    assert code != 0, tail(proc.log)
     assert target.read_text() == "precious"
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_sigterm_removes_the_socket(forkbox_bin: Path) -> None:
@@ -297,6 +299,7 @@ def test_sigterm_removes_the_socket(forkbox_bin: Path) -> None:
     proc.stop()
     assert code == 0, tail(proc.log)
     assert not sock.exists()
+    shutil.rmtree(d, ignore_errors=True)
 
 
 # -- examples and tools ----------------------------------------------------------------------
