@@ -29,6 +29,10 @@ pub enum Command {
     Check(SandboxOpts),
     /// Measure sandbox spawn cost against bare fork+exec and bubblewrap.
     Bench(crate::bench::BenchCmd),
+    /// Serve jobs over a local Unix socket (newline-delimited JSON), for the Python SDK.
+    Daemon(crate::daemon::DaemonCmd),
+    #[command(flatten)]
+    Node(crate::node::cli::NodeCommand),
 }
 
 /// Options shared by every command that builds an engine.
@@ -186,6 +190,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Run(cmd) => run(cmd),
         Command::Check(opts) => check(opts),
         Command::Bench(cmd) => crate::bench::main(cmd),
+        Command::Daemon(cmd) => crate::daemon::main(cmd),
+        Command::Node(cmd) => crate::node::cli::main(cmd),
     };
     match result {
         Ok(code) => code,

@@ -4,4 +4,6 @@
 pub mod bench;
 pub mod check;
 pub mod cli;
+pub mod daemon;
+pub mod node;
 pub mod sandbox;

@@ -158,6 +158,8 @@ struct Inner {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        // An orderly stop: the event thread must not report the zygote's exit as a failure.
+        self.alive.store(false, Ordering::Release);
         if let Ok(mut child) = self.zygote.lock() {
             let _ = child.kill();
             let _ = child.wait();
@@ -297,13 +299,24 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
     ) -> Outcome {
+        self.run_with(job, cancel, None).await
+    }
+
+    /// Like [`Engine::run_cancellable`], also sending stdout and stderr chunks to `output` as
+    /// they arrive (within the output cap).
+    pub async fn run_with(
+        &self,
+        job: &Job,
+        cancel: impl std::future::Future<Output = ()>,
+        output: Option<mpsc::UnboundedSender<OutputChunk>>,
+    ) -> Outcome {
         if let Err(e) = job.validate() {
             return Outcome::not_run(Status::Invalid, e.to_string());
         }
         let Ok(_permit) = self.inner.slots.acquire().await else {
             return Outcome::not_run(Status::Error, "engine is shutting down");
         };
-        match self.execute(job, cancel).await {
+        match self.execute(job, cancel, output).await {
             Ok(outcome) => outcome,
             Err(e) => Outcome::not_run(Status::Error, e),
         }
@@ -313,6 +326,7 @@ impl Engine {
         &self,
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
+        output: Option<mpsc::UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, String> {
         let inner = &self.inner;
         if !inner.alive.load(Ordering::Acquire) {
@@ -370,8 +384,20 @@ impl Engine {
 
         let cap = limits.output_bytes;
         let (over_tx, mut over_rx) = mpsc::unbounded_channel::<()>();
-        let stdout_task = tokio::spawn(read_capped(stdout_r, cap, over_tx.clone()));
-        let stderr_task = tokio::spawn(read_capped(stderr_r, cap, over_tx));
+        let stdout_task = tokio::spawn(read_capped(
+            stdout_r,
+            cap,
+            over_tx.clone(),
+            OutputStream::Stdout,
+            output.clone(),
+        ));
+        let stderr_task = tokio::spawn(read_capped(
+            stderr_r,
+            cap,
+            over_tx,
+            OutputStream::Stderr,
+            output,
+        ));
         let report_task = tokio::spawn(read_all(
             report_r,
             inner.config.collect_max_bytes * 2 + 65536,
@@ -652,8 +678,37 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
     nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
 }
 
+/// Which output a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of a running job's output.
+#[derive(Debug, Clone)]
+pub struct OutputChunk {
+    pub stream: OutputStream,
+    pub data: Vec<u8>,
+}
+
 /// Reads up to `cap` bytes; signals `over` (and stops reading) when the program writes more.
-async fn read_capped(fd: OwnedFd, cap: u64, over: mpsc::UnboundedSender<()>) -> (Vec<u8>, bool) {
+async fn read_capped(
+    fd: OwnedFd,
+    cap: u64,
+    over: mpsc::UnboundedSender<()>,
+    stream: OutputStream,
+    live: Option<mpsc::UnboundedSender<OutputChunk>>,
+) -> (Vec<u8>, bool) {
+    let forward = |data: &[u8]| {
+        if let (Some(tx), false) = (&live, data.is_empty()) {
+            let _ = tx.send(OutputChunk {
+                stream,
+                data: data.to_vec(),
+            });
+        }
+    };
     let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
         return (Vec::new(), false);
     };
@@ -666,10 +721,12 @@ async fn read_capped(fd: OwnedFd, cap: u64, over: mpsc::UnboundedSender<()>) -> 
                 let room = (cap as usize).saturating_sub(out.len());
                 if n > room {
                     out.extend_from_slice(&buf[..room]);
+                    forward(&buf[..room]);
                     let _ = over.send(());
                     return (out, true);
                 }
                 out.extend_from_slice(&buf[..n]);
+                forward(&buf[..n]);
             }
         }
     }
@@ -692,12 +749,14 @@ fn spawn_event_reader(sock: OwnedFd, waiters: Waiters, alive: Arc<AtomicBool>) {
             let msg = match wire::recv::<FromZygote>(sock.as_fd()) {
                 Ok(Some(m)) => m.message,
                 Ok(None) | Err(_) => {
-                    alive.store(false, Ordering::Release);
+                    let unexpected = alive.swap(false, Ordering::AcqRel);
                     // Dropping the senders wakes every waiting run with "zygote died".
                     waiters.lock().map(|mut w| w.clear()).ok();
-                    tracing::error!(
-                        "the sandbox zygote exited; running jobs fail with status error"
-                    );
+                    if unexpected {
+                        tracing::error!(
+                            "the sandbox zygote exited; running jobs fail with status error"
+                        );
+                    }
                     return;
                 }
             };
