@@ -238,7 +238,10 @@ pub fn demo_jobs() -> Vec<(&'static str, Job)> {
         ),
         (
             "isolation",
-            Job::shell("echo \"uid $(id -u), $(ls /home /root 2>/dev/null | wc -l) entries in /home and /root\"; ip -o link 2>/dev/null | wc -l"),
+            Job::shell(
+                "echo \"uid $(id -u) inside; $(ls -A /root /home 2>/dev/null | wc -l) host files \
+                 visible in /root and /home\"",
+            ),
         ),
     ];
     for (label, job) in &mut jobs {
@@ -286,6 +289,8 @@ fn print_table(rows: &[(&str, JobResult)]) {
             o.stdout.trim()
         } else if !o.stderr.trim().is_empty() {
             o.stderr.trim()
+        } else if o.status == forkbox_queue::Status::Timeout {
+            "killed at its wall-clock limit"
         } else {
             o.error.as_deref().unwrap_or("")
         };
@@ -295,7 +300,12 @@ fn print_table(rows: &[(&str, JobResult)]) {
         }
         println!(
             "{:<10} {:<8} {:>4} {:>9.1} {:>9}  {}",
-            label, o.status, o.exit_code, o.duration_ms, o.spawn_us, line
+            label,
+            o.status.as_str(),
+            o.exit_code,
+            o.duration_ms,
+            o.spawn_us,
+            line
         );
     }
 }

@@ -1,0 +1,250 @@
+//! Shared fixtures of the node tests: real `forkbox worker` processes against a private
+//! redis-server, with their logs kept for failure messages, and polling helpers with deadlines.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use forkbox_queue::redis;
+use forkbox_queue::{Broker, Queue, QueueConfig, RedisServer};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
+
+/// A `forkbox worker` child process. Dropping it kills it.
+pub struct WorkerProc {
+    pub name: String,
+    child: Option<Child>,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl WorkerProc {
+    /// Starts `forkbox worker --redis URL --name NAME --metrics-addr 127.0.0.1:0 ARGS...`.
+    pub fn start(url: &str, name: &str, args: &[&str]) -> WorkerProc {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("worker.log");
+        let out = std::fs::File::create(&log).unwrap();
+        let child = Command::new(BIN)
+            .args(["worker", "--redis", url, "--name", name])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawning forkbox worker");
+        WorkerProc {
+            name: name.to_owned(),
+            child: Some(child),
+            log,
+            _dir: dir,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The metrics address the worker logged.
+    pub fn metrics_addr(&mut self) -> SocketAddr {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = self.log();
+            if let Some(rest) = log.split("metrics on http://").nth(1) {
+                let addr = rest.split('/').next().unwrap();
+                return addr.parse().unwrap();
+            }
+            if let Some(status) = self.try_wait() {
+                panic!("worker exited ({status}) before serving metrics; log:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "no metrics address; log:\n{log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Waits until the worker logged that it reads its queues.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.log().contains(" reading ") {
+            if let Some(status) = self.try_wait() {
+                panic!("worker exited ({status}); log:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker not ready; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut().and_then(|c| c.try_wait().unwrap())
+    }
+
+    /// Waits for the exit, up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(s) = self.try_wait() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "worker did not exit within {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- log of worker {} ---\n{}", self.name, self.log());
+        }
+        self.kill();
+    }
+}
+
+pub async fn queue(url: &str, name: &str) -> Queue {
+    Broker::connect(url)
+        .await
+        .unwrap()
+        .queue(name, QueueConfig::default())
+        .unwrap()
+}
+
+pub async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// Polls `check` every 20 ms until it returns `Some`, or panics with `what` at the deadline.
+pub async fn poll<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// `GET path` over HTTP/1.1; returns the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, body.to_owned())
+}
+
+/// The value of one sample line of a Prometheus text page, e.g.
+/// `forkbox_jobs_total{queue="default",status="ok"}`; labels in any order.
+pub fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    page.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (series, value) = l.rsplit_once(' ')?;
+        let (n, rest) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        if n != name {
+            return None;
+        }
+        let have: Vec<&str> = rest.split(',').filter(|s| !s.is_empty()).collect();
+        let matches = labels.len() == have.len()
+            && labels
+                .iter()
+                .all(|(k, v)| have.contains(&format!("{k}=\"{v}\"").as_str()));
+        matches.then(|| value.parse().ok()).flatten()
+    })
+}
+
+/// Every `(id, attempt, worker)` in a queue's results stream, in order.
+pub async fn results_stream(url: &str, queue: &str) -> Vec<(String, serde_json::Value)> {
+    let mut c = conn(url).await;
+    let entries: Vec<(String, Vec<(String, String)>)> = {
+        let v: redis::Value = redis::cmd("XRANGE")
+            .arg(format!("forkbox:{{{queue}}}:results"))
+            .arg("-")
+            .arg("+")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        redis::from_redis_value(&v).unwrap()
+    };
+    entries
+        .into_iter()
+        .map(|(entry, fields)| {
+            let json = fields
+                .into_iter()
+                .find(|(k, _)| k == "result")
+                .map(|(_, v)| v)
+                .expect("a result field");
+            (entry, serde_json::from_str(&json).unwrap())
+        })
+        .collect()
+}
+
+pub fn start_redis() -> RedisServer {
+    RedisServer::start().expect("redis-server (install it, or set FORKBOX_REDIS_SERVER)")
+}
+
+/// Whether a program is runnable.
+pub fn have(program: &str) -> bool {
+    Command::new(program)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+pub fn repo_file(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}

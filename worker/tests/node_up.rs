@@ -1,0 +1,327 @@
+//! `forkbox up` as a user runs it (a private Redis, a job submitted with `forkbox submit`,
+//! Ctrl-C), its `--demo`, and the client commands against a real worker.
+
+mod node_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use forkbox_queue::{Job, Status};
+use nix::sys::signal::Signal;
+use node_support::*;
+
+fn forkbox(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running forkbox")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
+    let mut child = Command::new(BIN)
+        .args(["up", "--own-redis", "--slots", "2"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s).unwrap();
+        s
+    });
+    // The banner names the Redis URL, the metrics address and how to submit.
+    let mut banner = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !banner.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).expect("the banner within 60 s");
+        banner.push(line);
+    }
+    let banner = banner.join("\n");
+    let field = |prefix: &str| {
+        banner
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in {banner}"))
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_owned()
+    };
+    let url = field("redis:");
+    let metrics: std::net::SocketAddr = field("metrics:")
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics")
+        .parse()
+        .unwrap();
+    assert!(
+        banner.contains(&format!("forkbox submit --redis {url}")),
+        "{banner}"
+    );
+    assert!(banner.contains("XADD 'forkbox:{default}:jobs'"), "{banner}");
+
+    let page = http_get(metrics, "/metrics").1;
+    let ok = [("queue", "default"), ("status", "ok")];
+    assert_eq!(
+        metric(&page, "forkbox_jobs_total", &ok),
+        Some(0.0),
+        "{page}"
+    );
+    assert_eq!(metric(&page, "forkbox_slots_total", &[]), Some(2.0));
+    let out = forkbox(&["submit", "--redis", &url, "--wait", "--", "echo", "hi"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n");
+    let page = http_get(metrics, "/metrics").1;
+    assert_eq!(
+        metric(&page, "forkbox_jobs_total", &ok),
+        Some(1.0),
+        "{page}"
+    );
+    assert!(
+        page.contains("forkbox_job_duration_seconds_bucket"),
+        "{page}"
+    );
+    assert!(page.contains("forkbox_spawn_seconds_bucket"), "{page}");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "up did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = log.join().unwrap();
+    assert!(status.success(), "{status}; log:\n{log}");
+    assert!(
+        log.contains("stopped the worker and the private redis-server"),
+        "{log}"
+    );
+    // The private Redis is gone with it.
+    let out = forkbox(&["stats", "--redis", &url]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cannot reach Redis at"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn up_demo_prints_a_table_of_results_and_stops() {
+    let out = forkbox(&["up", "--own-redis", "--demo", "--slots", "2"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    let row = |label: &str| {
+        stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no row {label}: {stdout}"))
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(row("echo"), "ok");
+    assert_eq!(row("failing"), "failed");
+    assert_eq!(row("timeout"), "timeout");
+    assert!(stdout.contains("hello from a sandbox"), "{stdout}");
+    if have("/usr/bin/python3") {
+        assert_eq!(row("python3"), "ok", "{stdout}");
+        assert_eq!(row("humaneval"), "ok", "{stdout}");
+    } else {
+        println!("SKIPPED: python3 rows (no /usr/bin/python3 on this host)");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn client_commands_against_a_real_worker() {
+    let server = start_redis();
+    let url = server.url();
+    let mut w = WorkerProc::start(&url, "clients", &["--slots", "2"]);
+    w.wait_ready();
+    let run = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || {
+            let a: Vec<&str> = args.iter().map(String::as_str).collect();
+            forkbox(&a)
+        })
+        .await
+        .unwrap()
+    };
+    let args = |a: &[&str]| -> Vec<String> {
+        // Options go before a `--` (whose rest is the job's command), else at the end.
+        let mut v: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        let at = v.iter().position(|s| s == "--").unwrap_or(v.len());
+        v.splice(at..at, ["--redis".to_owned(), url.clone()]);
+        v
+    };
+
+    // submit prints the id; result exits like `forkbox run`.
+    let out = run(args(&[
+        "submit",
+        "--id",
+        "c-1",
+        "--",
+        "sh",
+        "-c",
+        "echo out; exit 7",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "c-1");
+    let out = run(args(&["result", "c-1", "--wait", "30"])).await;
+    assert_eq!(out.status.code(), Some(7));
+    assert_eq!(text(&out.stdout), "out\n");
+    let out = run(args(&["result", "c-1", "--json"])).await;
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (r["status"].as_str(), r["worker"].as_str()),
+        (Some("failed"), Some("clients"))
+    );
+    let out = run(args(&[
+        "submit",
+        "--wait",
+        "--timeout-ms",
+        "200",
+        "--",
+        "sleep",
+        "5",
+    ]))
+    .await;
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    let out = run(args(&["result", "no-such-id"])).await;
+    assert!(text(&out.stderr).contains("no result for no-such-id"));
+
+    // batch submit: a bad line is reported with its number and nothing is enqueued.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &bad,
+        "{\"cmd\":\"true\"}\n{\"cmd\":\"true\",\"limits\":{\"pids\":0}}\n",
+    )
+    .unwrap();
+    let out = run(args(&["batch", "submit", bad.to_str().unwrap()])).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("line 2: limits.pids"),
+        "{}",
+        text(&out.stderr)
+    );
+    let q = queue(&url, "default").await;
+    let good = dir.path().join("good.jsonl");
+    let mut lines = String::new();
+    for i in 0..20 {
+        lines.push_str(&format!("{{\"cmd\":\"exit {}\"}}\n", i % 2));
+    }
+    std::fs::write(&good, lines).unwrap();
+    let out = run(args(&[
+        "batch",
+        "submit",
+        good.to_str().unwrap(),
+        "--batch",
+        "b1",
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "b1");
+    let out = run(args(&["batch", "wait", "b1", "--timeout", "60", "--json"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(summary["done"], 20);
+    assert_eq!(summary["by_status"]["ok"], 10);
+    assert_eq!(summary["by_status"]["failed"], 10);
+
+    // dlq: list, requeue, purge.
+    q.enqueue_raw(br#"{"id":"broken","cmd":42}"#).await.unwrap();
+    let letters = poll(Duration::from_secs(30), "a dead letter", || {
+        let q = q.clone();
+        async move {
+            let l = q.dlq_list(10).await.unwrap();
+            (!l.is_empty()).then_some(l)
+        }
+    })
+    .await;
+    let out = run(args(&["dlq", "list"])).await;
+    assert!(
+        text(&out.stdout).contains("broken"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stdout).contains("cmd: invalid type"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = run(args(&["dlq", "requeue", &letters[0].dead_id])).await;
+    assert!(
+        text(&out.stdout).contains("requeued 1"),
+        "{}",
+        text(&out.stdout)
+    );
+    // Still malformed, so it comes straight back.
+    poll(Duration::from_secs(30), "dead-lettered again", || {
+        let q = q.clone();
+        async move { (q.dlq_list(10).await.unwrap().len() == 1).then_some(()) }
+    })
+    .await;
+    let out = run(args(&["dlq", "purge"])).await;
+    assert!(
+        text(&out.stdout).contains("purged 1"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // stats and cancel.
+    let out = run(args(&["stats", "--json"])).await;
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(stats[0]["queue"], "default");
+    assert_eq!(stats[0]["dead"], 0);
+    assert_eq!(stats[0]["consumers"][0]["name"], "clients");
+    assert_eq!(stats[0]["consumers"][0]["alive"], true);
+    q.enqueue(&Job {
+        id: Some("c-long".into()),
+        ..Job::shell("sleep 60")
+    })
+    .await
+    .unwrap();
+    let qq = q.clone();
+    poll(Duration::from_secs(30), "c-long running", || {
+        let q = qq.clone();
+        async move { (q.stats().await.unwrap().pending == 1).then_some(()) }
+    })
+    .await;
+    let out = run(args(&["cancel", "c-long"])).await;
+    assert!(out.status.success());
+    let r = q
+        .wait_result("c-long", Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.outcome.status, Status::Cancelled);
+
+    // A clear error when Redis is not there.
+    let out = forkbox(&["stats", "--redis", "redis://127.0.0.1:1/"]);
+    assert!(text(&out.stderr).contains("cannot reach Redis at redis://127.0.0.1:1/"));
+}
