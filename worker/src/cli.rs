@@ -172,6 +172,7 @@ impl JobArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
 pub struct RunCmd {
     #[command(flatten)]
     pub job: JobArgs,
