@@ -40,11 +40,31 @@ fn identities() -> Vec<Identity> {
     }
 }
 
+/// The binary as `nobody` can reach it: a checkout under a private home directory is not
+/// traversable by other users, so it is copied to a world-readable place once.
+fn unprivileged_bin() -> &'static Path {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let reachable = Command::new("runuser").args(["-u", "nobody", "--", "test", "-x", BIN]).status();
+        if reachable.is_ok_and(|s| s.success()) {
+            return PathBuf::from(BIN);
+        }
+        let dir = std::env::temp_dir().join(format!("forkbox-test-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("forkbox");
+        std::fs::copy(BIN, &copy).unwrap();
+        for p in [&dir, &copy] {
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        }
+        copy
+    })
+}
+
 fn command(who: Identity) -> Command {
     match (who, is_root()) {
         (Identity::Unprivileged, true) => {
             let mut c = Command::new("runuser");
-            c.args(["-u", "nobody", "--", BIN]);
+            c.args(["-u", "nobody", "--"]).arg(unprivileged_bin());
             c
         }
         _ => Command::new(BIN),
