@@ -28,12 +28,32 @@ const EXIT_NOT_FOUND: i32 = 127;
 /// Exit code of a program found but not executable.
 const EXIT_NOT_EXECUTABLE: i32 = 126;
 
+/// What the zygote prepares once for every program: the compiled seccomp filter and the
+/// capability range to drop (read from /proc before any sandbox exists).
+pub struct Hardening {
+    pub seccomp: Vec<SockFilter>,
+    pub last_capability: libc::c_ulong,
+}
+
 /// Prefix of the exec timestamp the program writes to the exec-notify pipe just before exec.
 pub const EXEC_MARK: char = '@';
 
+/// An exec-notify message: the program's exec timestamp, or why it never ran.
+pub fn parse_exec_note(bytes: &[u8]) -> Result<i64, String> {
+    let text = String::from_utf8_lossy(bytes);
+    match text
+        .strip_prefix(EXEC_MARK)
+        .and_then(|t| t.parse::<i64>().ok())
+    {
+        Some(ns) => Ok(ns),
+        None if text.is_empty() => Err("the sandbox exited before its program started".into()),
+        None => Err(text.into_owned()),
+    }
+}
+
 /// Runs the init; never returns.
-pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
-    let code = match serve(&sock, cfg, seccomp) {
+pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
+    let code = match serve(&sock, cfg, hardening) {
         Ok(()) => 0,
         Err(error) => {
             // The zygote relays this as the reason the job did not run.
@@ -44,7 +64,7 @@ pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
     sys::exit_now(code)
 }
 
-fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> Result<(), String> {
+fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<(), String> {
     // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("set pdeathsig: {e}"))?;
     // Nothing of the zygote's descriptors (other sandboxes' sockets, the engine's channel)
@@ -99,7 +119,7 @@ fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> Result<(
             _ => sys::exit_now(0),
         }
     }
-    run_job(job_fds, cfg, seccomp);
+    run_job(job_fds, cfg, hardening);
 }
 
 struct JobFds {
@@ -118,7 +138,7 @@ fn abort_job(exec_notify: &OwnedFd, message: &str) -> ! {
     sys::exit_now(1)
 }
 
-fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
+fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
     let mut raw = Vec::new();
     let payload: Payload =
         match fs::File::from(fds.payload.take().expect("payload fd")).read_to_end(&mut raw) {
@@ -149,11 +169,21 @@ fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
         }
     }
 
+    // The program reports a failed isolation step here too, so the init can put it in its
+    // report; the zygote hears it through the exec-notify pipe.
+    let (setup_r, setup_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => abort_job(&fds.exec_notify, &format!("pipe: {e}")),
+    };
     let main_pid = match sys::fork_single_threaded() {
         Err(e) => abort_job(&fds.exec_notify, &format!("fork: {e}")),
-        Ok(Forked::Child) => exec_program(&fds, &payload, &cwd, seccomp),
+        Ok(Forked::Child) => {
+            drop(setup_r);
+            exec_program(&fds, &setup_w, &payload, &cwd, hardening)
+        }
         Ok(Forked::Parent { pid, .. }) => pid,
     };
+    drop(setup_w);
     // Only the program may hold these now: the zygote waits for the exec-notify EOF, the engine
     // for EOF on stdout and stderr.
     let JobFds {
@@ -166,7 +196,22 @@ fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
     } = fds;
     drop((payload_fd, stdin, stdout, stderr, exec_notify));
     let (exit_code, signal) = reap(main_pid);
+    let mut notes = Vec::new();
+    let _ = fs::File::from(setup_r).read_to_end(&mut notes);
+    let (exec_ns, setup_error) = match parse_exec_note(&notes) {
+        Ok(ns) => (Some(ns), None),
+        Err(reason) => (None, Some(reason)),
+    };
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).ok();
     let mut out = Report {
+        cpu_us: usage.map_or(0, |u| {
+            let us =
+                |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+            us(u.user_time()) + us(u.system_time())
+        }),
+        max_rss_kb: usage.map_or(0, |u| u.max_rss() as u64),
+        exec_ns,
+        setup_error,
         exit_code,
         signal,
         exit_ns: Some(super::mono_ns()),
@@ -179,6 +224,8 @@ fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, seccomp: &[SockFilter]) -> ! {
         }
     }
     let bytes = serde_json::to_vec(&out).unwrap_or_default();
+    // Closing the report ends the job for the engine: it need not wait for this process and
+    // its namespaces to be torn down.
     let _ = fs::File::from(report).write_all(&bytes);
     sys::exit_now(0)
 }
@@ -219,10 +266,20 @@ fn write_files(work: &Path, payload: &Payload) -> Result<(), String> {
 }
 
 /// The program's side of the fork: the last isolation steps, then exec.
-fn exec_program(fds: &JobFds, payload: &Payload, cwd: &Path, seccomp: &[SockFilter]) -> ! {
+fn exec_program(
+    fds: &JobFds,
+    setup_w: &OwnedFd,
+    payload: &Payload,
+    cwd: &Path,
+    hardening: &Hardening,
+) -> ! {
+    let fail = |message: &str| -> ! {
+        let _ = nix::unistd::write(setup_w, message.as_bytes());
+        abort_job(&fds.exec_notify, message)
+    };
     let step = |name: &str, r: Result<(), Errno>| {
         if let Err(e) = r {
-            abort_job(&fds.exec_notify, &format!("{name}: {e}"));
+            fail(&format!("{name}: {e}"));
         }
     };
     // A new session: no controlling terminal to inject input into.
@@ -275,11 +332,14 @@ fn exec_program(fds: &JobFds, payload: &Payload, cwd: &Path, seccomp: &[SockFilt
     // stdio marked close-on-exec late, after the last use of the ones we were given; seccomp
     // last, so none of our own set-up runs under the filter.
     step("no_new_privs", nix::sys::prctl::set_no_new_privs());
-    step("drop capabilities", sys::drop_all_capabilities());
+    step(
+        "drop capabilities",
+        sys::drop_all_capabilities(hardening.last_capability),
+    );
     step("close descriptors", sys::cloexec_from(3));
     let argv = match to_cstrings(&payload.argv) {
         Ok(a) => a,
-        Err(e) => abort_job(&fds.exec_notify, &e),
+        Err(e) => fail(&e),
     };
     let envp: Vec<CString> = payload
         .env
@@ -293,12 +353,11 @@ fn exec_program(fds: &JobFds, payload: &Payload, cwd: &Path, seccomp: &[SockFilt
         .map(|(_, v)| v.as_str())
         .unwrap_or("");
     let candidates = resolve(&payload.argv[0], path_var);
-    step("seccomp", sys::install_seccomp(seccomp));
+    step("seccomp", sys::install_seccomp(&hardening.seccomp));
     // The deadline starts here; the zygote may notice the exec a little later.
-    let _ = nix::unistd::write(
-        &fds.exec_notify,
-        format!("{EXEC_MARK}{}", super::mono_ns()).as_bytes(),
-    );
+    let stamp = format!("{EXEC_MARK}{}", super::mono_ns());
+    let _ = nix::unistd::write(&fds.exec_notify, stamp.as_bytes());
+    let _ = nix::unistd::write(setup_w, stamp.as_bytes());
     let mut last = Errno::ENOENT;
     for path in &candidates {
         let Ok(c) = CString::new(path.as_os_str().as_encoded_bytes()) else {

@@ -398,20 +398,25 @@ impl Engine {
             OutputStream::Stderr,
             output,
         ));
-        let report_task = tokio::spawn(read_all(
+        let mut report_task = tokio::spawn(read_all(
             report_r,
             inner.config.collect_max_bytes * 2 + 65536,
         ));
 
         let mut cgroup_job = None;
-        let mut exec_ns = None;
         let mut output_killed = false;
         let mut cancelled = false;
         let mut cancel = std::pin::pin!(cancel);
-        let exit: Exit = loop {
+        // The job is over when the init's report arrives (the program exited; the sandbox's
+        // teardown need not be waited for) or when the zygote reports the sandbox gone (killed
+        // by the watchdog or for a cap, or a set-up failure). With a cgroup, the exit is also
+        // awaited, so the cgroup is empty when it is removed.
+        let mut report: Option<Report> = None;
+        let mut report_pending = true;
+        let mut exit: Option<Exit> = None;
+        loop {
             tokio::select! {
-                ev = events.recv() => match ev {
-                    Some(FromZygote::Started { exec_ns: at, .. }) => exec_ns = Some(at),
+                ev = events.recv(), if exit.is_none() => match ev {
                     Some(FromZygote::Assigned { pid, .. }) => {
                         // The init waits for this release: limits apply before the program runs.
                         let placed = inner.cgroups.as_ref().map(|tree| {
@@ -430,10 +435,15 @@ impl Engine {
                             None => self.send(ToZygote::Release { req }),
                         }
                     }
-                    Some(FromZygote::Exited(exit)) => break exit,
+                    Some(FromZygote::Exited(e)) => exit = Some(e),
                     Some(_) => {}
+                    None if report.is_some() => exit = Some(Exit::default()),
                     None => return Err("the sandbox zygote died during the job".into()),
                 },
+                bytes = &mut report_task, if report_pending => {
+                    report_pending = false;
+                    report = serde_json::from_slice(&bytes.unwrap_or_default()).ok();
+                }
                 Some(()) = over_rx.recv(), if !output_killed => {
                     output_killed = true;
                     self.send(ToZygote::Kill { req });
@@ -443,14 +453,24 @@ impl Engine {
                     self.send(ToZygote::Kill { req });
                 }
             }
-        };
+            let killed = output_killed || cancelled;
+            if exit.is_some() || (report.is_some() && cgroup_job.is_none() && !killed) {
+                break;
+            }
+        }
         kill_guard.armed = false;
+        if report_pending {
+            report = serde_json::from_slice(&report_task.await.unwrap_or_default()).ok();
+        }
         let (stdout, stdout_truncated) = stdout_task.await.unwrap_or_default();
         let (stderr, stderr_truncated) = stderr_task.await.unwrap_or_default();
-        let report_bytes = report_task.await.unwrap_or_default();
         let accounting = cgroup_job.and_then(|cg| cg.finish().ok());
 
-        if let Some(error) = exit.error {
+        let setup_error = report
+            .as_ref()
+            .and_then(|r| r.setup_error.clone())
+            .or_else(|| exit.as_ref().and_then(|e| e.error.clone()));
+        if let Some(error) = setup_error {
             let mut o = Outcome::not_run(
                 Status::Error,
                 format!("sandbox set-up failed, job not run: {error}"),
@@ -458,12 +478,16 @@ impl Engine {
             o.stderr = String::from_utf8_lossy(&stderr).into_owned();
             return Ok(o);
         }
-        let exec_ns = exit.exec_ns.or(exec_ns);
-        let report: Option<Report> = serde_json::from_slice(&report_bytes).ok();
+        let exit = exit.unwrap_or_default();
+        let exec_ns = report.as_ref().and_then(|r| r.exec_ns).or(exit.exec_ns);
         let exit_ns = report
             .as_ref()
             .and_then(|r| r.exit_ns)
             .unwrap_or(exit.exit_ns);
+        let (cpu_us, rss_kb) = match &report {
+            Some(r) => (r.cpu_us, r.max_rss_kb),
+            None => (exit.cpu_us, exit.max_rss_kb),
+        };
         let mut outcome = Outcome {
             status: Status::Ok,
             exit_code: 0,
@@ -479,10 +503,8 @@ impl Engine {
             spawn_us: exec_ns
                 .map(|e| ((e - requested_ns).max(0) / 1000) as u64)
                 .unwrap_or(0),
-            cpu_ms: exit.cpu_us / 1000,
-            max_rss_kb: accounting
-                .and_then(|a| a.memory_peak_kb)
-                .unwrap_or(exit.max_rss_kb),
+            cpu_ms: cpu_us / 1000,
+            max_rss_kb: accounting.and_then(|a| a.memory_peak_kb).unwrap_or(rss_kb),
             files: Default::default(),
             watchdog_overshoot_us: exit.overshoot_ns.map(|ns| ns / 1000),
             error: None,
@@ -761,7 +783,7 @@ fn spawn_event_reader(sock: OwnedFd, waiters: Waiters, alive: Arc<AtomicBool>) {
                 }
             };
             let req = match &msg {
-                FromZygote::Started { req, .. } | FromZygote::Assigned { req, .. } => *req,
+                FromZygote::Assigned { req, .. } => *req,
                 FromZygote::Exited(e) => e.req,
                 _ => continue,
             };

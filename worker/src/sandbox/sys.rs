@@ -135,12 +135,16 @@ pub fn wait4_nohang(pid: Pid) -> Result<Option<(i32, Usage)>, Errno> {
     }
 }
 
-/// Empties the bounding, ambient, effective, permitted and inheritable capability sets.
-pub fn drop_all_capabilities() -> Result<(), Errno> {
-    let last = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+/// The highest capability number this kernel knows (read once, before any sandbox exists).
+pub fn last_capability() -> libc::c_ulong {
+    std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
         .ok()
-        .and_then(|s| s.trim().parse::<libc::c_ulong>().ok())
-        .unwrap_or(63);
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(63)
+}
+
+/// Empties the bounding, ambient, effective, permitted and inheritable capability sets.
+pub fn drop_all_capabilities(last: libc::c_ulong) -> Result<(), Errno> {
     for cap in 0..=last {
         // SAFETY: prctl with integer arguments only.
         if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } == -1 {

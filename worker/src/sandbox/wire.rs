@@ -72,8 +72,6 @@ pub enum FromZygote {
     StartFailed { error: String },
     /// A sandbox was assigned (cgroup handshake only): `pid` is the init's host pid.
     Assigned { req: u64, pid: i32 },
-    /// The program was exec'd at `exec_ns` (CLOCK_MONOTONIC).
-    Started { req: u64, exec_ns: i64 },
     /// The sandbox is gone.
     Exited(Exit),
 }
@@ -127,8 +125,15 @@ pub struct Payload {
 pub struct Report {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
+    /// When the program was exec'd (CLOCK_MONOTONIC).
+    pub exec_ns: Option<i64>,
     /// When the program's exit was reaped (CLOCK_MONOTONIC).
     pub exit_ns: Option<i64>,
+    /// CPU time and peak RSS of everything the init reaped.
+    pub cpu_us: u64,
+    pub max_rss_kb: u64,
+    /// Why the program never ran (an isolation step failed between fork and exec).
+    pub setup_error: Option<String>,
     pub files: std::collections::BTreeMap<String, forkbox_queue::FileData>,
     pub collect_error: Option<String>,
 }

@@ -20,7 +20,8 @@ use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 use nix::unistd::{Gid, Pid, Uid};
 
-use super::sys::{self, Forked, SockFilter};
+use super::init::Hardening;
+use super::sys::{self, Forked};
 use super::wire::{self, Exit, FromInit, FromZygote, ToInit, ToZygote, ZygoteConfig};
 use super::{mono_ns, seccomp};
 
@@ -34,8 +35,8 @@ pub fn main() -> ! {
         }
     };
     let code = match start(&control) {
-        Ok((cfg, program)) => {
-            Zygote::new(control, cfg, program).run();
+        Ok((cfg, hardening)) => {
+            Zygote::new(control, cfg, hardening).run();
             0
         }
         Err(error) => {
@@ -46,7 +47,7 @@ pub fn main() -> ! {
     sys::exit_now(code)
 }
 
-fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Vec<SockFilter>), String> {
+fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Hardening), String> {
     if sys::thread_count() != Some(1) {
         return Err("zygote: must be single-threaded".into());
     }
@@ -98,16 +99,15 @@ fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Vec<SockFilter>), String> {
     .map_err(|e| format!("make-rprivate /: {e}"))?;
     sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
     nix::unistd::sethostname("forkbox").map_err(|e| format!("sethostname: {e}"))?;
-    let program = seccomp::compile().map_err(|e| e.to_string())?;
-    wire::send(
-        control.as_fd(),
-        &FromZygote::Ready {
-            seccomp_instructions: program.len(),
-        },
-        &[],
-    )
-    .map_err(|e| format!("zygote: {e}"))?;
-    Ok((cfg, program))
+    let hardening = Hardening {
+        seccomp: seccomp::compile().map_err(|e| e.to_string())?,
+        last_capability: sys::last_capability(),
+    };
+    let ready = FromZygote::Ready {
+        seccomp_instructions: hardening.seccomp.len(),
+    };
+    wire::send(control.as_fd(), &ready, &[]).map_err(|e| format!("zygote: {e}"))?;
+    Ok((cfg, hardening))
 }
 
 /// What an epoll token refers to.
@@ -151,7 +151,7 @@ struct Request {
 struct Zygote {
     control: OwnedFd,
     cfg: ZygoteConfig,
-    program: Vec<SockFilter>,
+    hardening: Hardening,
     epoll: Epoll,
     tokens: HashMap<u64, Source>,
     next_token: u64,
@@ -165,7 +165,7 @@ struct Zygote {
 }
 
 impl Zygote {
-    fn new(control: OwnedFd, cfg: ZygoteConfig, program: Vec<SockFilter>) -> Zygote {
+    fn new(control: OwnedFd, cfg: ZygoteConfig, hardening: Hardening) -> Zygote {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap_or_else(|e| {
             eprintln!("forkbox zygote: epoll: {e}");
             sys::exit_now(1)
@@ -173,7 +173,7 @@ impl Zygote {
         let mut z = Zygote {
             control,
             cfg,
-            program,
+            hardening,
             epoll,
             tokens: HashMap::new(),
             next_token: 1,
@@ -415,7 +415,7 @@ impl Zygote {
             Err(e) => return Err(format!("clone sandbox namespaces: {e}")),
             Ok(Forked::Child) => {
                 drop(ours);
-                super::init::main(theirs, &self.cfg, &self.program)
+                super::init::main(theirs, &self.cfg, &self.hardening)
             }
             Ok(Forked::Parent { pid, pidfd }) => (pid, pidfd.expect("clone3 returns a pidfd")),
         };
@@ -508,9 +508,8 @@ impl Zygote {
             Err(_) => {}
         }
         let raw = fd.as_raw_fd();
-        let req = sb.req;
         let timeout_ms = sb.timeout_ms;
-        let stamp = parse_notify(&sb.notify_bytes);
+        let stamp = super::init::parse_exec_note(&sb.notify_bytes);
         self.unwatch(raw, Source::ExecNotify(pid));
         let sb = self.sandboxes.get_mut(&pid).expect("present above");
         sb.exec_notify = None;
@@ -541,11 +540,6 @@ impl Zygote {
                 self.watch(raw, Source::Deadline(pid));
             }
         }
-        let _ = wire::send(
-            self.control.as_fd(),
-            &FromZygote::Started { req, exec_ns },
-            &[],
-        );
     }
 
     fn on_deadline(&mut self, pid: i32) {
@@ -607,7 +601,7 @@ impl Zygote {
                         std::io::Read::read_to_end(&mut fs::File::from(fd), &mut sb.notify_bytes);
                 }
                 if exit.exec_ns.is_none() && exit.error.is_none() {
-                    match parse_notify(&sb.notify_bytes) {
+                    match super::init::parse_exec_note(&sb.notify_bytes) {
                         Ok(stamp) => exit.exec_ns = Some(stamp),
                         Err(_) if exit.killed => {}
                         Err(reason) => exit.error = Some(reason),
@@ -631,18 +625,5 @@ impl Zygote {
                 }
             }
         }
-    }
-}
-
-/// The exec-notify pipe carries either the program's exec timestamp or why it never ran.
-fn parse_notify(bytes: &[u8]) -> Result<i64, String> {
-    let text = String::from_utf8_lossy(bytes);
-    match text
-        .strip_prefix(super::init::EXEC_MARK)
-        .and_then(|t| t.parse::<i64>().ok())
-    {
-        Some(ns) => Ok(ns),
-        None if text.is_empty() => Err("the sandbox exited before its program started".into()),
-        None => Err(text.into_owned()),
     }
 }
