@@ -26,6 +26,8 @@ pub struct BenchCmd {
 pub enum BenchWhat {
     /// Spawn latency and throughput of /bin/true, and the watchdog's overshoot.
     Spawn(SpawnArgs),
+    /// Queue overhead: end-to-end /bin/true jobs through a node against the raw engine.
+    Queue(crate::node::bench::QueueBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +89,7 @@ struct SpawnReport {
 pub fn main(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd.what {
         BenchWhat::Spawn(args) => spawn(args),
+        BenchWhat::Queue(args) => crate::node::bench::main(args),
     }
 }
 

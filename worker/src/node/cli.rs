@@ -126,6 +126,9 @@ impl WorkerArgs {
         if let Some(n) = file.results_maxlen {
             c.queue.results_maxlen = n;
         }
+        if let Some(b) = file.skip_completed_on_read {
+            c.queue.skip_completed_on_read = b;
+        }
         c.validate()?;
         Ok(c)
     }

@@ -135,6 +135,8 @@ pub struct FileConfig {
     pub max_job_bytes: Option<usize>,
     pub result_ttl_s: Option<u64>,
     pub results_maxlen: Option<u64>,
+    /// See `QueueConfig::skip_completed_on_read`.
+    pub skip_completed_on_read: Option<bool>,
 }
 
 /// `queues = "high,default"` or `queues = ["high", "default"]`.

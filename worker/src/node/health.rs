@@ -6,7 +6,8 @@
 //! [`RedisHealth::ok`] logs the recovery with the outage's length. [`Backoff`] spaces the
 //! retries of one loop.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use forkbox_queue::QueueError;
@@ -53,6 +54,21 @@ impl RedisHealth {
             .lock()
             .expect("health lock")
             .map(|t| t.elapsed())
+    }
+}
+
+/// Requests sent to Redis by the node (a pipeline counts once), for `forkbox bench queue`.
+/// Counted where the node calls the queue crate, from each call's documented round trips.
+#[derive(Debug, Clone, Default)]
+pub struct RoundTrips(Arc<AtomicU64>);
+
+impl RoundTrips {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
     }
 }
 

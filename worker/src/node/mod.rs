@@ -17,6 +17,7 @@
 //! - [`config`], [`cli`], [`client`], [`up`]: configuration, command-line entry points, the
 //!   client commands and the one-command local node.
 
+pub mod bench;
 pub mod cancel;
 pub mod cli;
 pub mod client;

@@ -16,7 +16,7 @@ use forkbox_queue::{Completion, Delivery, JobResult, QueueSet, Status};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 
-use crate::node::health::{Backoff, RedisHealth};
+use crate::node::health::{Backoff, RedisHealth, RoundTrips};
 use crate::node::metrics as m;
 use crate::node::worker::Held;
 
@@ -96,10 +96,11 @@ pub fn start(
     worker: String,
     held: Arc<Held>,
     health: Arc<RedisHealth>,
+    trips: RoundTrips,
 ) -> (Outbox, Completer) {
     let (tx, rx) = mpsc::unbounded_channel();
     let waiting = Arc::new(AtomicUsize::new(0));
-    let task = tokio::spawn(run(set, worker, held, health, rx, waiting.clone()));
+    let task = tokio::spawn(run(set, worker, held, health, trips, rx, waiting.clone()));
     (
         Outbox {
             tx,
@@ -114,6 +115,7 @@ async fn run(
     worker: String,
     held: Arc<Held>,
     health: Arc<RedisHealth>,
+    trips: RoundTrips,
     mut rx: mpsc::UnboundedReceiver<Finished>,
     waiting: Arc<AtomicUsize>,
 ) {
@@ -135,7 +137,7 @@ async fn run(
             }
         }
         let before = buffer.len();
-        buffer = store(&set, &worker, &held, &health, buffer).await;
+        buffer = store(&set, &worker, &held, &health, &trips, buffer).await;
         waiting.fetch_sub(before - buffer.len(), Ordering::Relaxed);
         if buffer.is_empty() {
             backoff.reset();
@@ -170,6 +172,7 @@ async fn store(
     worker: &str,
     held: &Held,
     health: &RedisHealth,
+    trips: &RoundTrips,
     items: Vec<Finished>,
 ) -> Vec<Finished> {
     let mut by_queue: BTreeMap<String, (Vec<Finished>, Vec<Finished>)> = BTreeMap::new();
@@ -194,6 +197,7 @@ async fn store(
                     Action::DeadLetter(_) => unreachable!("sorted above"),
                 })
                 .collect();
+            trips.add(1);
             match q.complete_many(&pairs).await {
                 Ok(done) => {
                     health.ok();
@@ -218,6 +222,7 @@ async fn store(
                     Action::Complete(_) => unreachable!("sorted above"),
                 })
                 .collect();
+            trips.add(1);
             match q.dead_letter_many(&pairs, worker).await {
                 Ok(done) => {
                     health.ok();

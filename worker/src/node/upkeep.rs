@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use forkbox_queue::QueueSet;
 
-use crate::node::health::RedisHealth;
+use crate::node::health::{RedisHealth, RoundTrips};
 use crate::node::metrics as m;
 use crate::node::worker::Held;
 
@@ -24,6 +24,7 @@ pub async fn run(
     health: Arc<RedisHealth>,
     visibility: Duration,
     lag_interval: Duration,
+    trips: RoundTrips,
 ) {
     let refresh_every = (visibility / 3).max(Duration::from_millis(100));
     // Longer than two refresh periods, so one late refresh does not make the node look dead.
@@ -39,11 +40,13 @@ pub async fn run(
         if now >= next_refresh {
             next_refresh = now + refresh_every;
             for q in set.queues() {
+                trips.add(1);
                 if let Err(e) = q.heartbeat(&worker, heartbeat_ttl).await {
                     health.failed("renewing the heartbeat", &e);
                     continue;
                 }
                 let ids = held.of(q.name());
+                trips.add(u64::from(!ids.is_empty()));
                 match q.refresh_claims(&worker, &ids).await {
                     Ok(lost) => {
                         for entry in lost {
@@ -65,6 +68,7 @@ pub async fn run(
         if now >= next_lag {
             next_lag = now + lag_interval;
             for q in set.queues() {
+                trips.add(2);
                 match q.stats().await {
                     Ok(s) => {
                         let lag = s.lag.unwrap_or(s.length.saturating_sub(s.pending));

@@ -29,7 +29,7 @@ use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use crate::node::cancel::{self, CancelBoard, Start};
 use crate::node::config::NodeConfig;
 use crate::node::error::NodeError;
-use crate::node::health::{Backoff, RedisHealth};
+use crate::node::health::{Backoff, RedisHealth, RoundTrips};
 use crate::node::metrics::{self as m, NodeStatus};
 use crate::node::outbox::{self, Outbox};
 use crate::node::upkeep;
@@ -208,6 +208,7 @@ pub struct NodeReport {
 pub struct Node {
     config: NodeConfig,
     engine: Engine,
+    trips: RoundTrips,
 }
 
 impl std::fmt::Debug for Node {
@@ -231,12 +232,22 @@ pub(crate) struct Shared {
     pub busy: watch::Sender<usize>,
     pub stop: watch::Receiver<StopLevel>,
     pub abandoned: std::sync::atomic::AtomicUsize,
+    pub trips: RoundTrips,
 }
 
 impl Node {
     /// A node over a started engine (`Engine::start` blocks: call it before the runtime).
     pub fn new(config: NodeConfig, engine: Engine) -> Node {
-        Node { config, engine }
+        Node {
+            config,
+            engine,
+            trips: RoundTrips::default(),
+        }
+    }
+
+    /// The node's count of requests sent to Redis (see [`RoundTrips`]).
+    pub fn round_trips(&self) -> RoundTrips {
+        self.trips.clone()
     }
 
     pub fn config(&self) -> &NodeConfig {
@@ -298,6 +309,7 @@ impl Node {
             busy,
             stop: stop_rx.clone(),
             abandoned: Default::default(),
+            trips: self.trips.clone(),
             config,
         });
         let config = &shared.config;
@@ -324,12 +336,14 @@ impl Node {
             health.clone(),
             Duration::from_millis(config.queue.visibility_timeout_ms),
             config.lag_interval,
+            shared.trips.clone(),
         )));
         let (outbox, mut outbox_task) = outbox::start(
             set.clone(),
             config.name.clone(),
             shared.held.clone(),
             health.clone(),
+            shared.trips.clone(),
         );
 
         let reader = tokio::spawn(
@@ -510,6 +524,11 @@ impl Shared {
             // The read is not cancelled on stop: entries it took must reach a job task.
             match self.set.read(&self.name, permits.len(), block).await {
                 Ok(ds) => {
+                    // One XREADGROUP per queue, plus the pipelined result check when it
+                    // returned entries (exact for one queue, a lower bound for several).
+                    let checked = !ds.is_empty() && self.config.queue.skip_completed_on_read;
+                    self.trips
+                        .add(self.set.queues().len() as u64 + u64::from(checked));
                     backoff.reset();
                     self.health.ok();
                     for d in ds {
@@ -539,6 +558,7 @@ impl Shared {
             if permits.is_empty() {
                 return;
             }
+            self.trips.add(1);
             match q
                 .reclaim(&self.name, vis.as_millis() as u64, permits.len())
                 .await
