@@ -45,7 +45,9 @@ fn identities() -> Vec<Identity> {
 fn unprivileged_bin() -> &'static Path {
     static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     COPY.get_or_init(|| {
-        let reachable = Command::new("runuser").args(["-u", "nobody", "--", "test", "-x", BIN]).status();
+        let reachable = Command::new("runuser")
+            .args(["-u", "nobody", "--", "test", "-x", BIN])
+            .status();
         if reachable.is_ok_and(|s| s.success()) {
             return PathBuf::from(BIN);
         }
@@ -54,7 +56,8 @@ fn unprivileged_bin() -> &'static Path {
         let copy = dir.join("forkbox");
         std::fs::copy(BIN, &copy).unwrap();
         for p in [&dir, &copy] {
-            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
         }
         copy
     })
@@ -315,10 +318,7 @@ fn host_root_is_never_mapped_into_the_sandbox() {
                 .split_whitespace()
                 .map(|x| x.parse().unwrap())
                 .collect();
-            assert!(
-                f[1] != 0,
-                "{who:?}: host uid 0 mapped: {line}"
-            );
+            assert!(f[1] != 0, "{who:?}: host uid 0 mapped: {line}");
         }
     }
 }
