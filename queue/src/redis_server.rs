@@ -9,6 +9,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -221,6 +222,9 @@ impl RedisServer {
                 .arg(self.socket_path())
                 .args(["--unixsocketperm", "700"]);
         }
+        // A process group of its own: a terminal's Ctrl-C goes to the foreground group, and
+        // the owner (e.g. `forkbox up`, still storing results) decides when Redis stops.
+        cmd.process_group(0);
         cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());

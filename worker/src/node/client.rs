@@ -54,7 +54,8 @@ async fn open(opts: &ClientOpts) -> anyhow::Result<Queue> {
 /// Prints a result as `forkbox run` prints an outcome, or as JSON; returns the exit code.
 pub fn print_result(result: &JobResult, json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        println!("{}", serde_json::to_string_pretty(result)?);
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", serde_json::to_string_pretty(result)?)?;
         Ok(ExitCode::from(result.outcome.exit_code.clamp(0, 255) as u8))
     } else {
         crate::cli::print_outcome(&result.outcome, false)
