@@ -398,6 +398,21 @@ fn memory_limit_stops_a_large_allocation() {
 }
 
 #[test]
+fn cpu_limit_kills_a_busy_loop() {
+    for who in identities() {
+        let ran = run_json(
+            who,
+            &["--cpu-ms", "500", "--timeout-ms", "10000"],
+            "while :; do :; done",
+        );
+        assert_eq!(ran.status(), "cpu_limit", "{who:?}");
+        assert_eq!(ran.json["signal"], libc::SIGXCPU);
+        assert_eq!(ran.code, 128 + libc::SIGXCPU);
+        assert!(ran.json["cpu_ms"].as_u64().unwrap() >= 500);
+    }
+}
+
+#[test]
 fn output_is_capped_and_flagged() {
     for who in identities() {
         let before =

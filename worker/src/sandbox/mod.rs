@@ -207,6 +207,9 @@ impl Engine {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null());
         command.env_clear();
+        // Its own process group: a terminal's Ctrl-C is for the node, which decides how
+        // running jobs end; the zygote exits when the engine's channel closes.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
         sys::pass_fd(&mut command, std::os::fd::AsRawFd::as_raw_fd(&theirs), 3);
         let child = command.spawn().map_err(|source| EngineError::SpawnZygote {
             exe: config.zygote_exe.clone(),
