@@ -98,6 +98,7 @@ PYEOF
 
 say "1. spawn"
 capture spawn "$FORKBOX" bench spawn --json
+capture queue "$FORKBOX" bench queue --jobs "$JOBS" --slots "$WORKERS" --section "$OUT/queue-overhead.json" --json
 
 say "2. queue throughput ($JOBS jobs, $WORKERS worker processes)"
 capture ceiling "$PY" bench/peers/ceiling.py --jobs "$JOBS" --workers "$WORKERS"
@@ -138,6 +139,13 @@ fi
 redis-benchmark -p "$PORT" -q -n 200000 -c 50 -t ping,set,lpush,xadd --csv >"$RAW/redis-benchmark.csv" 2>/dev/null ||
     redis-benchmark -p "$PORT" -q -n 200000 -c 50 -t ping,set,lpush --csv >"$RAW/redis-benchmark.csv"
 redis-benchmark -p "$PORT" -q -n 1000000 -c 50 -P 32 -t set --csv >"$RAW/redis-benchmark-pipelined.csv"
+
+say "5. Python SDK round trip through the daemon"
+if [ -x .venv/bin/python ]; then
+    capture sdk-roundtrip env FORKBOX_BIN="$FORKBOX" .venv/bin/python sdk/python/bench_roundtrip.py --start-daemon -n 300 --json
+else
+    python3 -c 'import json; print(json.dumps({"error": "no .venv with the SDK (make bench creates it)"}))' >"$RAW/sdk-roundtrip.json"
+fi
 
 say "sections and docs/benchmarks.md"
 python3 bench/sections.py "$RAW" "$OUT"
