@@ -8,6 +8,9 @@ SHELL := /bin/bash
 CARGO ?= cargo
 PY_VENV ?= .venv
 PY := $(PY_VENV)/bin/python
+# The shared workloads live beside the repository; CI may clone elsewhere on the same machine.
+FORKBOX_HUMANEVAL ?= $(abspath $(firstword $(wildcard ../shared/data/HumanEval.jsonl.gz /work/shared/data/HumanEval.jsonl.gz)))
+export FORKBOX_HUMANEVAL
 DEBIAN_PACKAGES := libseccomp-dev pkg-config redis-server redis-tools iproute2 python3-venv util-linux bubblewrap
 
 .PHONY: all deps build release demo test test-rust test-python test-deploy lint bench clean
