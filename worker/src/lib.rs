@@ -1,6 +1,9 @@
 //! Forkbox: a job-queue worker node that runs untrusted code in rootless sandboxes forked from
 //! a warm zygote.
 
+// The only unsafe code lives in `sandbox::sys`, which opts back in.
+#![deny(unsafe_code)]
+
 pub mod bench;
 pub mod check;
 pub mod cli;

@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod init;
 pub mod rootfs;
 pub mod seccomp;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod wire;
 pub mod zygote;
