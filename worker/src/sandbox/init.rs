@@ -90,112 +90,52 @@ fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<()
         disk_mb: cfg.defaults.disk_mb,
     };
     rootfs::enter(&plan).map_err(|e| e.to_string())?;
-    wire::send(sock.as_fd(), &FromInit::Ready, &[]).map_err(|e| format!("report ready: {e}"))?;
 
-    let (wait_for_release, fds) = match wire::recv::<ToInit>(sock.as_fd()) {
-        Ok(Some(wire::Received {
-            message: ToInit::Run { wait_for_release },
-            fds,
-        })) if fds.len() == 6 => (wait_for_release, fds),
-        // The zygote is shutting down or retired this sandbox.
-        _ => sys::exit_now(0),
-    };
-    let mut fds = fds.into_iter();
-    let mut next = || fds.next().expect("six descriptors checked above");
-    let job_fds = JobFds {
-        payload: Some(next()),
-        stdin: next(),
-        stdout: next(),
-        stderr: next(),
-        report: next(),
-        exec_notify: next(),
-    };
-    if wait_for_release {
-        match wire::recv::<ToInit>(sock.as_fd()) {
-            Ok(Some(wire::Received {
-                message: ToInit::Release,
-                ..
-            })) => {}
-            _ => sys::exit_now(0),
-        }
-    }
-    run_job(job_fds, cfg, hardening);
-}
-
-struct JobFds {
-    payload: Option<OwnedFd>,
-    stdin: OwnedFd,
-    stdout: OwnedFd,
-    stderr: OwnedFd,
-    report: OwnedFd,
-    /// Close-on-exec pipe: the zygote sees EOF at the program's exec, or an error message.
-    exec_notify: OwnedFd,
-}
-
-/// Reports a failure that stops the job before its program runs, then exits.
-fn abort_job(exec_notify: &OwnedFd, message: &str) -> ! {
-    let _ = nix::unistd::write(exec_notify, message.as_bytes());
-    sys::exit_now(1)
-}
-
-fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
-    let mut raw = Vec::new();
-    let payload: Payload =
-        match fs::File::from(fds.payload.take().expect("payload fd")).read_to_end(&mut raw) {
-            Ok(_) => match serde_json::from_slice(&raw) {
-                Ok(p) => p,
-                Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
-            },
-            Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
-        };
-    drop(raw);
-    if payload.limits.disk_mb != cfg.defaults.disk_mb {
-        if let Err(e) = rootfs::resize(&cfg.work_dir, payload.limits.disk_mb) {
-            abort_job(&fds.exec_notify, &e.to_string());
-        }
-    }
-    let work = Path::new(&cfg.work_dir);
-    if let Err(e) = write_files(work, &payload) {
-        abort_job(&fds.exec_notify, &e);
-    }
-    let cwd = match &payload.job.cwd {
-        Some(c) if c.starts_with('/') => PathBuf::from(c),
-        Some(c) => work.join(c),
-        None => work.to_owned(),
-    };
-    if cwd.starts_with(work) {
-        if let Err(e) = fs::create_dir_all(&cwd) {
-            abort_job(&fds.exec_notify, &format!("cwd {}: {e}", cwd.display()));
-        }
-    }
-
-    // The program reports a failed isolation step here too, so the init can put it in its
-    // report; the zygote hears it through the exec-notify pipe.
-    let (setup_r, setup_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
-        Ok(p) => p,
-        Err(e) => abort_job(&fds.exec_notify, &format!("pipe: {e}")),
-    };
-    let main_pid = match sys::fork_single_threaded() {
-        Err(e) => abort_job(&fds.exec_notify, &format!("fork: {e}")),
+    // The launcher is forked now, while no job waits: it receives the job straight from the
+    // zygote and becomes the program, so a spawn costs no fork. It reports a failed isolation
+    // step (or its exec time) through `setup`, and hands the init what it needs for the
+    // report through `handoff`.
+    let (setup_r, setup_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let (handoff_init, handoff_launcher) =
+        wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
+    let launcher = match sys::fork_single_threaded() {
+        Err(e) => return Err(format!("fork launcher: {e}")),
         Ok(Forked::Child) => {
-            drop(setup_r);
-            exec_program(&fds, &setup_w, &payload, &cwd, hardening)
+            drop((setup_r, handoff_init));
+            launch(sock, &handoff_launcher, &setup_w, cfg, hardening)
         }
         Ok(Forked::Parent { pid, .. }) => pid,
     };
-    drop(setup_w);
-    // Only the program may hold these now: the zygote waits for the exec-notify EOF, the engine
-    // for EOF on stdout and stderr.
-    let JobFds {
-        report,
-        payload: payload_fd,
-        stdin,
-        stdout,
-        stderr,
-        exec_notify,
-    } = fds;
-    drop((payload_fd, stdin, stdout, stderr, exec_notify));
-    let (exit_code, signal) = reap(main_pid);
+    drop((setup_w, handoff_launcher));
+    // The init keeps its copy of the job channel but never reads it: the launcher does.
+    supervise(launcher, handoff_init, setup_r, cfg)
+}
+
+/// What the launcher hands the init once it has its job.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Handoff {
+    collect: Vec<String>,
+    collect_max_bytes: u64,
+}
+
+/// The init's side: wait for the program, then report. Never returns.
+fn supervise(launcher: Pid, handoff: OwnedFd, setup_r: OwnedFd, cfg: &ZygoteConfig) -> ! {
+    let received = wire::recv::<Handoff>(handoff.as_fd()).ok().flatten();
+    let (exit_code, signal) = reap(launcher);
+    let Some(wire::Received {
+        message: handoff,
+        fds,
+        ..
+    }) = received
+    else {
+        // The launcher stopped before taking a job (retired sandbox, or a failure it reported
+        // through the exec-notify pipe).
+        sys::exit_now(0)
+    };
+    let Some(report) = fds.into_iter().next() else {
+        sys::exit_now(0)
+    };
     let mut notes = Vec::new();
     let _ = fs::File::from(setup_r).read_to_end(&mut notes);
     let (exec_ns, setup_error) = match parse_exec_note(&notes) {
@@ -217,8 +157,12 @@ fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
         exit_ns: Some(super::mono_ns()),
         ..Report::default()
     };
-    if !payload.job.collect.is_empty() {
-        match collect(work, &payload.job.collect, payload.collect_max_bytes) {
+    if !handoff.collect.is_empty() {
+        match collect(
+            Path::new(&cfg.work_dir),
+            &handoff.collect,
+            handoff.collect_max_bytes,
+        ) {
             Ok(files) => out.files = files,
             Err(e) => out.collect_error = Some(e),
         }
@@ -228,6 +172,96 @@ fn run_job(mut fds: JobFds, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
     // its namespaces to be torn down.
     let _ = fs::File::from(report).write_all(&bytes);
     sys::exit_now(0)
+}
+
+struct JobFds {
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    /// Close-on-exec pipe: the zygote sees EOF at the program's exec, or an error message.
+    exec_notify: OwnedFd,
+}
+
+/// Reports a failure that stops the job before its program runs, then exits.
+fn abort_job(exec_notify: &OwnedFd, message: &str) -> ! {
+    let _ = nix::unistd::write(exec_notify, message.as_bytes());
+    sys::exit_now(1)
+}
+
+/// The launcher: announces the sandbox ready, waits for its job, prepares it and execs it.
+fn launch(
+    sock: &OwnedFd,
+    handoff: &OwnedFd,
+    setup_w: &OwnedFd,
+    cfg: &ZygoteConfig,
+    hardening: &Hardening,
+) -> ! {
+    if wire::send(sock.as_fd(), &FromInit::Ready, &[]).is_err() {
+        sys::exit_now(1);
+    }
+    let (wait_for_release, fds) = match wire::recv::<ToInit>(sock.as_fd()) {
+        Ok(Some(wire::Received {
+            message: ToInit::Run { wait_for_release },
+            fds,
+            ..
+        })) if fds.len() == 6 => (wait_for_release, fds),
+        // The zygote is shutting down or retired this sandbox.
+        _ => sys::exit_now(0),
+    };
+    let [payload_fd, stdin, stdout, stderr, report, exec_notify]: [OwnedFd; 6] =
+        fds.try_into().unwrap_or_else(|_| sys::exit_now(1));
+    let fds = JobFds {
+        stdin,
+        stdout,
+        stderr,
+        exec_notify,
+    };
+    if wait_for_release {
+        match wire::recv::<ToInit>(sock.as_fd()) {
+            Ok(Some(wire::Received {
+                message: ToInit::Release,
+                ..
+            })) => {}
+            _ => sys::exit_now(0),
+        }
+    }
+    let mut raw = Vec::new();
+    let payload: Payload = match fs::File::from(payload_fd).read_to_end(&mut raw) {
+        Ok(_) => match serde_json::from_slice(&raw) {
+            Ok(p) => p,
+            Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
+        },
+        Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
+    };
+    drop(raw);
+    let handed = Handoff {
+        collect: payload.job.collect.clone(),
+        collect_max_bytes: payload.collect_max_bytes,
+    };
+    if let Err(e) = wire::send(handoff.as_fd(), &handed, &[report.as_fd()]) {
+        abort_job(&fds.exec_notify, &format!("hand the report over: {e}"));
+    }
+    drop(report);
+    if payload.limits.disk_mb != cfg.defaults.disk_mb {
+        if let Err(e) = rootfs::resize(&cfg.work_dir, payload.limits.disk_mb) {
+            abort_job(&fds.exec_notify, &e.to_string());
+        }
+    }
+    let work = Path::new(&cfg.work_dir);
+    if let Err(e) = write_files(work, &payload) {
+        abort_job(&fds.exec_notify, &e);
+    }
+    let cwd = match &payload.job.cwd {
+        Some(c) if c.starts_with('/') => PathBuf::from(c),
+        Some(c) => work.join(c),
+        None => work.to_owned(),
+    };
+    if cwd.starts_with(work) {
+        if let Err(e) = fs::create_dir_all(&cwd) {
+            abort_job(&fds.exec_notify, &format!("cwd {}: {e}", cwd.display()));
+        }
+    }
+    exec_program(&fds, setup_w, &payload, &cwd, hardening)
 }
 
 /// Waits for the program, then kills and reaps everything else in the sandbox.

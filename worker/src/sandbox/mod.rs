@@ -421,11 +421,20 @@ impl Engine {
         loop {
             tokio::select! {
                 ev = events.recv(), if exit.is_none() => match ev {
-                    Some(FromZygote::Assigned { pid, .. }) => {
-                        // The init waits for this release: limits apply before the program runs.
+                    Some(FromZygote::Assigned { pids, .. }) => {
+                        // The launcher waits for this release: limits apply before the program
+                        // runs.
                         let placed = inner.cgroups.as_ref().map(|tree| {
-                            tree.create_job(&format!("job-{}-{req}", std::process::id()), &limits)
-                                .and_then(|cg| cg.add(pid).map(|()| cg))
+                            if pids.len() != 2 {
+                                // Without the launcher's pid the program would run unlimited.
+                                return Err(cgroup::CgroupError::Io {
+                                    op: "place",
+                                    path: format!("job {req}: launcher pid unknown").into(),
+                                    source: std::io::ErrorKind::NotFound.into(),
+                                });
+                            }
+                            let cg = tree.create_job(&format!("job-{}-{req}", std::process::id()), &limits)?;
+                            pids.iter().try_for_each(|pid| cg.add(*pid)).map(|()| cg)
                         });
                         match placed {
                             Some(Ok(cg)) => {

@@ -70,8 +70,9 @@ pub enum FromZygote {
     Ready { seccomp_instructions: usize },
     /// The zygote could not be set up.
     StartFailed { error: String },
-    /// A sandbox was assigned (cgroup handshake only): `pid` is the init's host pid.
-    Assigned { req: u64, pid: i32 },
+    /// A sandbox was assigned (cgroup handshake only): the host pids of its init and of the
+    /// launcher that becomes the program, both to be placed in the job's cgroup.
+    Assigned { req: u64, pids: Vec<i32> },
     /// The sandbox is gone.
     Exited(Exit),
 }
@@ -142,6 +143,14 @@ pub struct Report {
 pub struct Received<T> {
     pub message: T,
     pub fds: Vec<OwnedFd>,
+    /// The sender's pid in our pid namespace, on sockets with `SO_PASSCRED` (see
+    /// [`pass_credentials`]).
+    pub sender_pid: Option<i32>,
+}
+
+/// Makes the kernel attach each sender's credentials to the messages read from `sock`.
+pub fn pass_credentials(sock: &OwnedFd) -> Result<(), Errno> {
+    socket::setsockopt(sock, socket::sockopt::PassCred, &true)
 }
 
 /// Sends one message with descriptors attached.
@@ -175,8 +184,8 @@ pub fn send<T: Serialize>(
 /// Receives one message; `Ok(None)` when the peer has closed.
 pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received<T>>, Errno> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_FDS]);
-    let (len, fds) = loop {
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_FDS], libc::ucred);
+    let (len, fds, sender_pid) = loop {
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
         match socket::recvmsg::<()>(
             sock.as_raw_fd(),
@@ -188,11 +197,18 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received
             Err(e) => return Err(e),
             Ok(msg) => {
                 let mut fds = Vec::new();
+                let mut sender_pid = None;
                 for c in msg.cmsgs().map_err(|_| Errno::EBADMSG)? {
-                    if let ControlMessageOwned::ScmRights(raw) = c {
-                        for fd in raw {
-                            fds.push(sys::adopt_fd(fd)?);
+                    match c {
+                        ControlMessageOwned::ScmRights(raw) => {
+                            for fd in raw {
+                                fds.push(sys::adopt_fd(fd)?);
+                            }
                         }
+                        ControlMessageOwned::ScmCredentials(creds) => {
+                            sender_pid = Some(creds.pid())
+                        }
+                        _ => {}
                     }
                 }
                 if msg.flags.contains(MsgFlags::MSG_TRUNC)
@@ -200,7 +216,7 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received
                 {
                     return Err(Errno::EMSGSIZE);
                 }
-                break (msg.bytes, fds);
+                break (msg.bytes, fds, sender_pid);
             }
         }
     };
@@ -208,7 +224,11 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received
         return Ok(None);
     }
     let message = serde_json::from_slice(&buf[..len]).map_err(|_| Errno::EBADMSG)?;
-    Ok(Some(Received { message, fds }))
+    Ok(Some(Received {
+        message,
+        fds,
+        sender_pid,
+    }))
 }
 
 /// A connected `SOCK_SEQPACKET` pair, close-on-exec.

@@ -140,6 +140,8 @@ struct Sandbox {
     deadline: Option<(TimerFd, i64)>,
     exit: Exit,
     setup_error: Option<String>,
+    /// Host pid of the launcher (learned from its ready message's credentials).
+    launcher: Option<i32>,
 }
 
 struct Request {
@@ -347,6 +349,7 @@ impl Zygote {
             drop(fds);
             drop(request.fds);
             drop(notify_w);
+            let sb_launcher = sb.launcher;
             sb.phase = Phase::Running;
             sb.req = request.req;
             sb.timeout_ms = request.timeout_ms;
@@ -360,7 +363,7 @@ impl Zygote {
                     self.control.as_fd(),
                     &FromZygote::Assigned {
                         req: request.req,
-                        pid,
+                        pids: [Some(pid), sb_launcher].into_iter().flatten().collect(),
                     },
                     &[],
                 );
@@ -403,6 +406,7 @@ impl Zygote {
 
     fn clone_sandbox(&mut self) -> Result<(), String> {
         let (ours, theirs) = wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
+        wire::pass_credentials(&ours).map_err(|e| format!("SO_PASSCRED: {e}"))?;
         let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
@@ -457,6 +461,7 @@ impl Zygote {
                 deadline: None,
                 exit: Exit::default(),
                 setup_error: None,
+                launcher: None,
             },
         );
         self.watch(sock_fd, Source::InitSocket(raw));
@@ -473,8 +478,11 @@ impl Zygote {
         match msg {
             Ok(Some(wire::Received {
                 message: FromInit::Ready,
+                sender_pid,
                 ..
             })) => {
+                // Ready comes from the launcher, the process that becomes the program.
+                sb.launcher = sender_pid;
                 sb.phase = Phase::Ready;
                 self.ready.push_back(pid);
                 self.broken = None;
