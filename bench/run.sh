@@ -98,6 +98,7 @@ PYEOF
 
 say "1. spawn"
 capture spawn "$FORKBOX" bench spawn --json
+capture spawn-shared-net "$FORKBOX" bench spawn --json --shared-net --overshoot-runs 10
 capture queue "$FORKBOX" bench queue --jobs "$JOBS" --slots "$WORKERS" --section "$OUT/queue-overhead.json" --json
 
 say "2. queue throughput ($JOBS jobs, $WORKERS worker processes)"
