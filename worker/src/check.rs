@@ -110,15 +110,17 @@ pub fn probe_host() -> HostReport {
         .as_ref()
         .map_or("no cgroup2 membership".into(), |d| d.display().to_string());
     for (controller, present) in &probe.controllers {
-        line(
-            *present && probe.writable,
-            &format!("cgroup v2 {controller}"),
+        // Not fatal: limits fall back to rlimits, which the lines below name.
+        let delegated = *present && probe.writable;
+        lines.push(format!(
+            "{} cgroup v2 {controller}: {}",
+            if delegated { "ok   " } else { "warn " },
             match (present, probe.writable) {
                 (true, true) => format!("delegated at {where_}"),
                 (true, false) => format!("present at {where_} but not writable (no Delegate=yes)"),
                 (false, _) => format!("not delegated at {where_}; rlimit fallback"),
             },
-        );
+        ));
     }
     HostReport { lines, fatal }
 }
