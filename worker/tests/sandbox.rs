@@ -398,6 +398,15 @@ fn memory_limit_stops_a_large_allocation() {
 }
 
 #[test]
+fn programs_run_at_normal_priority() {
+    // The zygote may raise its own priority for the watchdog; jobs must not inherit it.
+    for who in identities() {
+        let ran = run_json(who, &[], "cut -d' ' -f19 /proc/self/stat");
+        assert_eq!(ran.stdout(), "0\n", "{who:?}: nice value");
+    }
+}
+
+#[test]
 fn cpu_limit_kills_a_busy_loop() {
     for who in identities() {
         let ran = run_json(

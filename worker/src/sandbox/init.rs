@@ -65,6 +65,8 @@ pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
 }
 
 fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<(), String> {
+    // The zygote may run at a raised priority; the sandbox must not inherit it.
+    sys::set_nice(0).map_err(|e| format!("reset priority: {e}"))?;
     // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| format!("set pdeathsig: {e}"))?;
     // Nothing of the zygote's descriptors (other sandboxes' sockets, the engine's channel)

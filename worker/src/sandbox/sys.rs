@@ -341,3 +341,13 @@ pub fn borrow_fd(fd: RawFd) -> std::os::fd::BorrowedFd<'static> {
     // borrow; epoll_ctl does not retain the reference.
     unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
 }
+
+/// Sets the calling process's nice value.
+pub fn set_nice(value: i32) -> Result<(), Errno> {
+    // SAFETY: integer-only call that affects this process alone.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, value) } == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}

@@ -25,6 +25,9 @@ use super::sys::{self, Forked};
 use super::wire::{self, Exit, FromInit, FromZygote, ToInit, ToZygote, ZygoteConfig};
 use super::{mono_ns, seccomp};
 
+/// The zygote's nice value when the host lets it raise its priority.
+const ZYGOTE_NICE: i32 = -5;
+
 /// Entry point of `forkbox __zygote`: the engine's channel is descriptor 3.
 pub fn main() -> ! {
     let control = match sys::adopt_fd(3) {
@@ -99,6 +102,9 @@ fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Hardening), String> {
     .map_err(|e| format!("make-rprivate /: {e}"))?;
     sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
     nix::unistd::sethostname("forkbox").map_err(|e| format!("sethostname: {e}"))?;
+    // The watchdog's kills should not queue behind the jobs it watches. Only possible with
+    // privilege; sandboxes go back to the normal priority as their first step.
+    let _ = sys::set_nice(ZYGOTE_NICE);
     let hardening = Hardening {
         seccomp: seccomp::compile().map_err(|e| e.to_string())?,
         last_capability: sys::last_capability(),
