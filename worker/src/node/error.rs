@@ -11,6 +11,8 @@ use forkbox_queue::QueueError;
 /// A node start-up or shutdown failure.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    #[error("the sandbox zygote exited; the node stopped so that its supervisor restarts it")]
+    SandboxGone,
     #[error("reading config file {path}: {source}")]
     ReadConfig {
         path: PathBuf,

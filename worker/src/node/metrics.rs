@@ -105,10 +105,15 @@ pub fn register(queues: &[String], slots: usize) {
 pub struct NodeStatus {
     pub draining: AtomicBool,
     pub redis: Arc<RedisHealth>,
+    /// Cleared when the sandbox engine's zygote is gone: no job can run any more.
+    pub sandbox_alive: AtomicBool,
 }
 
 impl NodeStatus {
     fn health(&self) -> (u16, String) {
+        if !self.sandbox_alive.load(Ordering::Relaxed) {
+            return (503, "the sandbox zygote is gone; restart the node\n".into());
+        }
         if self.draining.load(Ordering::Relaxed) {
             return (503, "draining: finishing running jobs before exit\n".into());
         }

@@ -269,7 +269,30 @@ impl Node {
         let status = Arc::new(NodeStatus {
             draining: AtomicBool::new(false),
             redis: health.clone(),
+            sandbox_alive: AtomicBool::new(true),
         });
+        // A node whose zygote died can only fail jobs: report it unhealthy, stop reading, and
+        // exit with an error so its supervisor restarts it. Its entries are reclaimed.
+        let sandbox_lost = Arc::new(AtomicBool::new(false));
+        {
+            let (engine, status, stop, lost) = (
+                self.engine.clone(),
+                status.clone(),
+                stop.clone(),
+                sandbox_lost.clone(),
+            );
+            tokio::spawn(async move {
+                while engine.is_alive() {
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                status.sandbox_alive.store(false, Ordering::Relaxed);
+                if stop.level() == StopLevel::Running {
+                    tracing::error!("the sandbox zygote exited; stopping the node");
+                    lost.store(true, Ordering::Relaxed);
+                    stop.raise(StopLevel::Drain);
+                }
+            });
+        }
         let mut background = Vec::new();
         let mut metrics_addr = None;
         if let Some(addr) = config.metrics_addr {
@@ -391,6 +414,9 @@ impl Node {
         }
         if unflushed > 0 {
             return Err(NodeError::Unflushed { count: unflushed });
+        }
+        if sandbox_lost.load(Ordering::Relaxed) {
+            return Err(NodeError::SandboxGone);
         }
         let abandoned = shared.abandoned.load(Ordering::Relaxed);
         tracing::info!("worker {} stopped", config.name);

@@ -286,6 +286,11 @@ impl Engine {
         &self.inner.config
     }
 
+    /// Whether the zygote still serves; once it is gone every run fails with `error`.
+    pub fn is_alive(&self) -> bool {
+        self.inner.alive.load(Ordering::Acquire)
+    }
+
     /// How limits and identity are enforced on this host.
     pub fn mechanisms(&self) -> &Mechanisms {
         &self.inner.mechanisms
