@@ -56,7 +56,8 @@ struct Stats {
     n: usize,
 }
 
-fn stats(mut samples: Vec<f64>) -> Stats {
+/// p50, p99, mean and count of a sample set (nearest-rank percentiles).
+pub(crate) fn percentiles(mut samples: Vec<f64>) -> (f64, f64, f64, usize) {
     samples.sort_by(|a, b| a.total_cmp(b));
     let pick = |q: f64| {
         samples
@@ -64,11 +65,17 @@ fn stats(mut samples: Vec<f64>) -> Stats {
             .copied()
             .unwrap_or(0.0)
     };
+    let mean = samples.iter().sum::<f64>() / samples.len().max(1) as f64;
+    (pick(0.50), pick(0.99), mean, samples.len())
+}
+
+fn stats(samples: Vec<f64>) -> Stats {
+    let (p50_us, p99_us, mean_us, n) = percentiles(samples);
     Stats {
-        p50_us: pick(0.50),
-        p99_us: pick(0.99),
-        mean_us: samples.iter().sum::<f64>() / samples.len().max(1) as f64,
-        n: samples.len(),
+        p50_us,
+        p99_us,
+        mean_us,
+        n,
     }
 }
 

@@ -62,18 +62,13 @@ struct Latency {
     n: usize,
 }
 
-fn latency(mut ms: Vec<f64>) -> Latency {
-    ms.sort_by(|a, b| a.total_cmp(b));
-    let pick = |q: f64| {
-        ms.get(((ms.len() as f64 - 1.0) * q).round() as usize)
-            .copied()
-            .unwrap_or(0.0)
-    };
+fn latency(ms: Vec<f64>) -> Latency {
+    let (p50_ms, p99_ms, mean_ms, n) = crate::bench::percentiles(ms);
     Latency {
-        p50_ms: pick(0.5),
-        p99_ms: pick(0.99),
-        mean_ms: ms.iter().sum::<f64>() / ms.len().max(1) as f64,
-        n: ms.len(),
+        p50_ms,
+        p99_ms,
+        mean_ms,
+        n,
     }
 }
 

@@ -377,6 +377,22 @@ impl Zygote {
         }
     }
 
+    /// Records a sandbox that could not be built and fails the oldest waiting job with the
+    /// reason (fail closed); false when no job was waiting.
+    fn fail_next_pending(&mut self, error: String) -> bool {
+        self.broken = Some(error.clone());
+        let Some(r) = self.pending.pop_front() else {
+            return false;
+        };
+        self.report(Exit {
+            req: r.req,
+            exit_ns: mono_ns(),
+            error: Some(error),
+            ..Exit::default()
+        });
+        true
+    }
+
     /// Keeps `pool` sandboxes built or being built.
     fn replenish(&mut self) {
         loop {
@@ -395,15 +411,7 @@ impl Zygote {
                 return;
             }
             if let Err(error) = self.clone_sandbox() {
-                self.broken = Some(error.clone());
-                if let Some(r) = self.pending.pop_front() {
-                    self.report(Exit {
-                        req: r.req,
-                        exit_ns: mono_ns(),
-                        error: Some(error),
-                        ..Exit::default()
-                    });
-                } else {
+                if !self.fail_next_pending(error) {
                     return;
                 }
             }
@@ -628,15 +636,7 @@ impl Zygote {
                 let error = sb
                     .setup_error
                     .unwrap_or_else(|| "sandbox init exited during set-up".into());
-                self.broken = Some(error.clone());
-                if let Some(r) = self.pending.pop_front() {
-                    self.report(Exit {
-                        req: r.req,
-                        exit_ns: mono_ns(),
-                        error: Some(error),
-                        ..Exit::default()
-                    });
-                }
+                self.fail_next_pending(error);
             }
         }
     }
