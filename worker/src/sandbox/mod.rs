@@ -537,7 +537,10 @@ impl Engine {
             outcome.exit_code = EXIT_TIMEOUT;
         } else if cancelled {
             killed_by(&mut outcome, Status::Cancelled);
-        } else if output_killed {
+        } else if output_killed || stdout_truncated || stderr_truncated {
+            // Past the cap the sandbox is killed and its pipes closed; whichever of the kill,
+            // the program's own reaction to the closed pipe and our noticing came first, the
+            // job ended because of its output.
             killed_by(&mut outcome, Status::OutputLimit);
         } else if accounting.is_some_and(|a| a.oom_killed) {
             killed_by(&mut outcome, Status::MemoryLimit);
