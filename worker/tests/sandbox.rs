@@ -398,6 +398,32 @@ fn memory_limit_stops_a_large_allocation() {
 }
 
 #[test]
+fn programs_hold_no_capabilities_and_no_new_privs() {
+    for who in identities() {
+        let ran = run_json(
+            who,
+            &[],
+            "grep -E '^(Cap(Inh|Prm|Eff|Bnd|Amb)|NoNewPrivs|Seccomp):' /proc/self/status",
+        );
+        let fields: Vec<(&str, &str)> = ran
+            .stdout()
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k, v.trim()))
+            .collect();
+        assert_eq!(fields.len(), 7, "{who:?}: {}", ran.stdout());
+        for (k, v) in fields {
+            let want = match k {
+                "NoNewPrivs" => "1",
+                "Seccomp" => "2",
+                _ => "0000000000000000",
+            };
+            assert_eq!(v, want, "{who:?}: {k}");
+        }
+    }
+}
+
+#[test]
 fn programs_run_at_normal_priority() {
     // The zygote may raise its own priority for the watchdog; jobs must not inherit it.
     for who in identities() {
