@@ -53,7 +53,7 @@ lint: deps
 test-rust: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build --workspace
 	FORKBOX_PYTHON=$(abspath $(PY)) FORKBOX_LOADGEN_REQUIRE_WORKER=1 \
-	  $(CARGO) test --workspace -- --test-threads=2
+	  $(CARGO) test --workspace -- --test-threads=2 --show-output
 
 test-python: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build -p forkbox
