@@ -1,9 +1,10 @@
 //! The sandbox init: pid 1 of each sandbox's pid namespace.
 //!
 //! It is cloned by the zygote ahead of demand, builds its root while no job waits for it, and
-//! then blocks until a job arrives. For the job it writes the input files, forks the program,
-//! reaps every process of the sandbox, reports the program's exit and the collected files, and
-//! exits, which makes the kernel kill anything still alive in the pid namespace.
+//! forks the launcher: the process that receives the job from the zygote, writes the input
+//! files, takes the last isolation steps and execs the program. The init then reaps every
+//! process of the sandbox, reports the program's exit and the collected files, and exits, which
+//! makes the kernel kill anything still alive in the pid namespace.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
