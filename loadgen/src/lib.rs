@@ -5,7 +5,7 @@
 //! latency percentiles (HDR histograms, corrected for coordinated omission: [`stats`]), results
 //! by status, and lost and duplicated jobs ([`report`], [`plot`]). It can start the cluster it
 //! measures: worker nodes ([`cluster`]), optionally in network namespaces standing in for
-//! separate hosts ([`netns`]), and its own Redis ([`redis_proc`]), and it can kill a worker or
+//! separate hosts ([`netns`]), and its own Redis (`forkbox_queue::RedisServer`), and it can kill a worker or
 //! Redis part-way through to check that no job is lost.
 
 #![forbid(unsafe_code)]
@@ -17,7 +17,6 @@ pub mod humaneval;
 pub mod mix;
 pub mod netns;
 pub mod plot;
-pub mod redis_proc;
 pub mod report;
 pub mod run;
 pub mod stats;

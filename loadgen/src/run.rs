@@ -20,14 +20,14 @@ use crate::driver::{Cluster, Driver, Fault, Load, PhaseSpec, Stop};
 use crate::humaneval;
 use crate::mix::{JobSource, Mix};
 use crate::netns::{SimulatedHosts, SystemIp};
-use crate::redis_proc::LocalRedis;
 use crate::report::{self, Environment, MeasuredPhase, RampSummary, Report};
 use crate::stats::percentiles_ms;
+use forkbox_queue::{RedisServer, RedisServerOptions};
 
 /// Workers and Redis as the phases see them.
 struct LocalCluster<'a> {
     fleet: Fleet,
-    redis: Option<&'a mut LocalRedis>,
+    redis: Option<&'a mut RedisServer>,
     log_dir: PathBuf,
 }
 
@@ -177,9 +177,15 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
         None => {
             let bind: Vec<IpAddr> = hosts.iter().map(|h| IpAddr::V4(h.bridge_addr())).collect();
             let appendonly = args.restart_redis_at.is_some();
-            Some(tokio::task::block_in_place(|| {
-                LocalRedis::start(&bind, appendonly, None)
-            })?)
+            let options = RedisServerOptions {
+                appendonly,
+                extra_bind: bind,
+                ..RedisServerOptions::default()
+            };
+            Some(
+                tokio::task::block_in_place(|| RedisServer::start_with(options))
+                    .context("starting redis-server")?,
+            )
         }
     };
     let redis_url = match (&args.redis, &own_redis) {

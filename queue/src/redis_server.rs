@@ -59,6 +59,10 @@ pub struct RedisServerOptions {
     pub dir: Option<PathBuf>,
     /// Also listen on a Unix socket `redis.sock` in the data directory.
     pub unix_socket: bool,
+    /// Addresses to listen on besides 127.0.0.1 (a bridge address, so that nodes in other
+    /// network namespaces reach it). With any, protected mode is off: those clients are not
+    /// on loopback.
+    pub extra_bind: Vec<std::net::IpAddr>,
 }
 
 impl Default for RedisServerOptions {
@@ -70,6 +74,7 @@ impl Default for RedisServerOptions {
                 .unwrap_or_else(|| PathBuf::from("redis-server")),
             dir: None,
             unix_socket: false,
+            extra_bind: Vec::new(),
         }
     }
 }
@@ -145,6 +150,11 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// The URL through one of the listening addresses (see [`RedisServerOptions::extra_bind`]).
+    pub fn url_via(&self, addr: std::net::IpAddr) -> String {
+        format!("redis://{}/", std::net::SocketAddr::new(addr, self.port))
+    }
+
     /// `redis+unix://<dir>/redis.sock`, when started with `unix_socket`.
     pub fn unix_url(&self) -> Option<String> {
         self.options
@@ -203,15 +213,23 @@ impl RedisServer {
 
     fn spawn_and_wait(&mut self) -> Result<(), RedisServerError> {
         let mut cmd = Command::new(&self.options.binary);
+        let mut bind = vec!["127.0.0.1".to_owned()];
+        bind.extend(self.options.extra_bind.iter().map(ToString::to_string));
+        let protected = if self.options.extra_bind.is_empty() {
+            "yes"
+        } else {
+            "no"
+        };
         cmd.arg("--port")
             .arg(self.port.to_string())
-            .args(["--bind", "127.0.0.1"])
+            .arg("--bind")
+            .arg(bind.join(" "))
             .arg("--dir")
             .arg(&self.dir)
             .args(["--logfile", "redis.log"])
             .args(["--save", ""])
             .args(["--daemonize", "no"])
-            .args(["--protected-mode", "yes"]);
+            .args(["--protected-mode", protected]);
         if self.options.appendonly {
             cmd.args(["--appendonly", "yes", "--appendfsync", "always"]);
         } else {
