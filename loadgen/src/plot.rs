@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use plotters::chart::SeriesLabelStyle;
 use plotters::prelude::*;
 
 use crate::report::Report;
@@ -16,6 +17,29 @@ const FONT: &str = "sans-serif";
 fn series_style(i: usize) -> ShapeStyle {
     let colors = [&BLUE, &GREEN, &RED, &MAGENTA, &CYAN, &BLACK];
     colors[i % colors.len()].stroke_width(2)
+}
+
+/// The legend's sample of a line series: a short stroke in its style.
+fn legend_mark(style: ShapeStyle) -> impl Fn((i32, i32)) -> PathElement<(i32, i32)> {
+    move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style)
+}
+
+/// Draws the series labels in a framed, translucent box at `position`.
+fn draw_legend<'a, 'b, DB, CT>(
+    mut labels: SeriesLabelStyle<'a, 'b, DB, CT>,
+    position: SeriesLabelPosition,
+) -> PlotResult
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate,
+{
+    labels
+        .position(position)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
 }
 
 fn max_or(values: impl Iterator<Item = f64>, floor: f64) -> f64 {
@@ -64,14 +88,12 @@ fn latency(report: &Report, path: &Path) -> PlotResult {
         chart
             .draw_series(LineSeries::new(pts, style))?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            .legend(legend_mark(style));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    draw_legend(
+        chart.configure_series_labels(),
+        SeriesLabelPosition::UpperLeft,
+    )?;
     root.present()?;
     Ok(())
 }
@@ -109,7 +131,7 @@ fn throughput(report: &Report, path: &Path) -> PlotResult {
         chart
             .draw_series(LineSeries::new(pts, style))?
             .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+            .legend(legend_mark(style));
     }
     for f in &report.faults {
         let at = f.at_s;
@@ -118,12 +140,10 @@ fn throughput(report: &Report, path: &Path) -> PlotResult {
             RED.mix(0.6).stroke_width(1),
         ))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    draw_legend(
+        chart.configure_series_labels(),
+        SeriesLabelPosition::UpperRight,
+    )?;
     root.present()?;
     Ok(())
 }
@@ -165,7 +185,7 @@ fn scaling(report: &Report, path: &Path) -> PlotResult {
     chart
         .draw_series(LineSeries::new(measured.clone(), style))?
         .label("measured")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], style));
+        .legend(legend_mark(style));
     chart.draw_series(measured.iter().map(|&p| Circle::new(p, 4, style.filled())))?;
     let ideal = series_style(5);
     chart
@@ -174,13 +194,11 @@ fn scaling(report: &Report, path: &Path) -> PlotResult {
             ideal,
         ))?
         .label("linear from one node")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ideal));
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+        .legend(legend_mark(ideal));
+    draw_legend(
+        chart.configure_series_labels(),
+        SeriesLabelPosition::UpperLeft,
+    )?;
     root.present()?;
     Ok(())
 }
@@ -221,12 +239,12 @@ fn ramp(report: &Report, path: &Path) -> PlotResult {
             achieved,
         ))?
         .label("achieved jobs/s")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], achieved));
+        .legend(legend_mark(achieved));
     let ideal = series_style(5);
     chart
         .draw_series(LineSeries::new(vec![(0.0, 0.0), (x_max, x_max)], ideal))?
         .label("offered = achieved")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ideal));
+        .legend(legend_mark(ideal));
     let p99 = series_style(2);
     chart
         .draw_secondary_series(LineSeries::new(
@@ -234,18 +252,16 @@ fn ramp(report: &Report, path: &Path) -> PlotResult {
             p99,
         ))?
         .label("p99 ms (right axis)")
-        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], p99));
+        .legend(legend_mark(p99));
     let bound = RED.mix(0.4).stroke_width(1);
     chart.draw_secondary_series(LineSeries::new(
         vec![(0.0, ramp.p99_bound_ms), (x_max, ramp.p99_bound_ms)],
         bound,
     ))?;
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()?;
+    draw_legend(
+        chart.configure_series_labels(),
+        SeriesLabelPosition::UpperLeft,
+    )?;
     root.present()?;
     Ok(())
 }
