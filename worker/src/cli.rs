@@ -305,18 +305,6 @@ fn check(opts: SandboxOpts) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Parses `K=V` pairs into a map (used by several commands).
-pub fn parse_env(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
-    pairs
-        .iter()
-        .map(|kv| {
-            kv.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("{kv:?}: expected K=V"))
-        })
-        .collect()
-}
-
 /// The default engine configuration used by the node commands.
 pub fn default_engine(slots: usize, opts: &SandboxOpts) -> anyhow::Result<Engine> {
     sandbox::Engine::start(opts.engine_config(slots)).context("starting the sandbox engine")
