@@ -1,6 +1,5 @@
 //! Command-line interface: argument parsing and the one-shot commands (`run`, `check`, `bench`).
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
