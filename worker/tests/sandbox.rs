@@ -237,18 +237,22 @@ fn one_sandbox_leaves_nothing_for_the_next() {
 #[test]
 fn proc_network_and_host_paths_are_private() {
     for who in identities() {
+        // The shell's descriptors are listed first, straight to stdout: while a pipeline or a
+        // redirection is set up, the shell itself holds an extra descriptor.
         let ran = run_json(
             who,
             &[],
-            "ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; \
+            "ls /proc/$$/fd; echo --; \
+             ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; \
              cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' ' | tr '\\n' ' '; echo; \
              for d in /root /home /run /var /srv /sys; do [ -e $d ] && echo visible:$d; done; \
-             ls /proc/$$/fd | tr '\\n' ' '; echo; \
              (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && echo tcp-open; \
              python3 -c 'import socket; s=socket.socket(); s.settimeout(2); print(s.connect_ex((\"127.0.0.1\", 6379)))'",
         );
         assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.err());
-        let lines: Vec<&str> = ran.stdout().lines().collect();
+        let (fds, rest) = ran.stdout().split_once("--\n").expect("marker");
+        assert_eq!(fds, "0\n1\n2\n", "{who:?}: descriptors");
+        let lines: Vec<&str> = rest.lines().collect();
         let pids: Vec<i32> = lines[0]
             .split_whitespace()
             .map(|p| p.parse().unwrap())
@@ -263,7 +267,6 @@ fn proc_network_and_host_paths_are_private() {
             "{who:?}: {}",
             ran.stdout()
         );
-        assert_eq!(lines[2].trim(), "0 1 2", "{who:?}: descriptors");
         assert!(!ran.stdout().contains("tcp-open"));
         assert_eq!(
             lines.last().unwrap().trim(),
@@ -589,6 +592,72 @@ fn engine(slots: usize) -> Engine {
         ..EngineConfig::default()
     })
     .expect("engine")
+}
+
+/// Prints the job's network namespace cookie (unique for the kernel's lifetime, unlike its
+/// inode number), then whatever `extra` prints.
+fn netns_probe(extra: &str) -> Job {
+    let program = format!(
+        "import socket\n\
+         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:\n    \
+             print(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), 'little'))\n\
+         {extra}"
+    );
+    Job::argv(["python3", "-c", &program])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_namespaces_are_reused_only_when_untouched() {
+    let engine = tokio::task::spawn_blocking(|| engine(1)).await.unwrap();
+    let cookie = |out: &forkbox_queue::schema::Outcome| -> u64 {
+        assert_eq!(out.status, Status::Ok, "{:?} {}", out.error, out.stderr);
+        out.stdout.lines().next().unwrap().parse().unwrap()
+    };
+    // Jobs that send nothing leave their namespace as it was: it is handed out again.
+    let mut quiet = Vec::new();
+    for _ in 0..6 {
+        quiet.push(cookie(&engine.run(&netns_probe("")).await));
+    }
+    let distinct: HashSet<u64> = quiet.iter().copied().collect();
+    assert!(
+        distinct.len() < quiet.len(),
+        "no namespace reused: {quiet:?}"
+    );
+    // A job that talks over loopback and leaves a connection in TIME_WAIT.
+    let noisy = engine
+        .run(&netns_probe(
+            "srv = socket.create_server(('127.0.0.1', 8000))\n\
+             cli = socket.create_connection(('127.0.0.1', 8000))\n\
+             conn, _ = srv.accept()\n\
+             cli.sendall(b'x'); conn.recv(1)\n\
+             cli.close(); conn.close(); srv.close()\n\
+             print(open('/proc/net/tcp').read().count('\\n') - 1)",
+        ))
+        .await;
+    let noisy_cookie = cookie(&noisy);
+    let lingering: usize = noisy.stdout.lines().nth(1).unwrap().parse().unwrap();
+    assert!(
+        lingering > 0,
+        "the probe left no TCP state: {}",
+        noisy.stdout
+    );
+    // Its namespace is never seen again, and nothing of it shows in the next sandboxes: no TCP
+    // entry, and the port binds without SO_REUSEADDR.
+    for _ in 0..6 {
+        let out = engine
+            .run(&netns_probe(
+                "print(open('/proc/net/tcp').read().count('\\n') - 1)\n\
+                 s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.close(); print('bound')",
+            ))
+            .await;
+        assert_ne!(
+            cookie(&out),
+            noisy_cookie,
+            "a used namespace was handed out again"
+        );
+        let rest: Vec<&str> = out.stdout.lines().skip(1).collect();
+        assert_eq!(rest, ["0", "bound"], "{}", out.stderr);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,9 +83,6 @@ fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<()
         _ => return Err("user namespace: the zygote did not write the id maps".into()),
     }
     nix::unistd::sethostname("forkbox").map_err(|e| format!("sethostname: {e}"))?;
-    if cfg.net_per_sandbox {
-        sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
-    }
     let plan = RootPlan {
         source: &cfg.root,
         staging: &cfg.staging,
@@ -120,11 +117,27 @@ fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<()
 struct Handoff {
     collect: Vec<String>,
     collect_max_bytes: u64,
+    /// The job's tmpfs size when it differs from the pre-built one. Remounting needs the
+    /// capabilities the launcher has already dropped, so the init does it and answers with
+    /// a [`Resized`] before the launcher goes on.
+    resize_disk_mb: Option<u64>,
+}
+
+/// The init's answer to a resize request: an error message, or none.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Resized {
+    error: Option<String>,
 }
 
 /// The init's side: wait for the program, then report. Never returns.
 fn supervise(launcher: Pid, handoff: OwnedFd, setup_r: OwnedFd, cfg: &ZygoteConfig) -> ! {
     let received = wire::recv::<Handoff>(handoff.as_fd()).ok().flatten();
+    if let Some(mb) = received.as_ref().and_then(|r| r.message.resize_disk_mb) {
+        let error = rootfs::resize(&cfg.work_dir, mb)
+            .err()
+            .map(|e| e.to_string());
+        let _ = wire::send(handoff.as_fd(), &Resized { error }, &[]);
+    }
     let (exit_code, signal) = reap(launcher);
     let Some(wire::Received {
         message: handoff,
@@ -191,7 +204,21 @@ fn abort_job(exec_notify: &OwnedFd, message: &str) -> ! {
     sys::exit_now(1)
 }
 
-/// The launcher: announces the sandbox ready, waits for its job, prepares it and execs it.
+/// The isolation steps that do not depend on the job, taken by the launcher before it
+/// announces itself ready. Order: no_new_privs before seccomp (the kernel requires it
+/// unprivileged) and before exec; capabilities dropped before seccomp, which may deny capset;
+/// the filter last. Loading the filter (the kernel compiles it) is the costliest of them, and
+/// none of it is on the spawn path. From here on the launcher handles the job's input (files,
+/// paths, the working directory) with no capabilities and under the filter.
+fn harden(hardening: &Hardening) -> Result<(), String> {
+    nix::sys::prctl::set_no_new_privs().map_err(|e| format!("no_new_privs: {e}"))?;
+    sys::drop_all_capabilities(hardening.last_capability)
+        .map_err(|e| format!("drop capabilities: {e}"))?;
+    sys::install_seccomp(&hardening.seccomp).map_err(|e| format!("seccomp: {e}"))
+}
+
+/// The launcher: hardens itself, announces the sandbox ready, waits for its job, prepares it
+/// and execs it.
 fn launch(
     sock: &OwnedFd,
     handoff: &OwnedFd,
@@ -199,6 +226,12 @@ fn launch(
     cfg: &ZygoteConfig,
     hardening: &Hardening,
 ) -> ! {
+    if let Err(error) = harden(hardening) {
+        // Fail closed: this sandbox never takes a job; the zygote fails the next one with
+        // the reason.
+        let _ = wire::send(sock.as_fd(), &FromInit::SetupFailed { error }, &[]);
+        sys::exit_now(1);
+    }
     if wire::send(sock.as_fd(), &FromInit::Ready, &[]).is_err() {
         sys::exit_now(1);
     }
@@ -237,17 +270,28 @@ fn launch(
         Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
     };
     drop(raw);
+    let resize_disk_mb =
+        (payload.limits.disk_mb != cfg.defaults.disk_mb).then_some(payload.limits.disk_mb);
     let handed = Handoff {
         collect: payload.job.collect.clone(),
         collect_max_bytes: payload.collect_max_bytes,
+        resize_disk_mb,
     };
     if let Err(e) = wire::send(handoff.as_fd(), &handed, &[report.as_fd()]) {
         abort_job(&fds.exec_notify, &format!("hand the report over: {e}"));
     }
     drop(report);
-    if payload.limits.disk_mb != cfg.defaults.disk_mb {
-        if let Err(e) = rootfs::resize(&cfg.work_dir, payload.limits.disk_mb) {
-            abort_job(&fds.exec_notify, &e.to_string());
+    if resize_disk_mb.is_some() {
+        match wire::recv::<Resized>(handoff.as_fd()) {
+            Ok(Some(wire::Received {
+                message: Resized { error: None },
+                ..
+            })) => {}
+            Ok(Some(wire::Received {
+                message: Resized { error: Some(e) },
+                ..
+            })) => abort_job(&fds.exec_notify, &e),
+            _ => abort_job(&fds.exec_notify, "resize tmpfs: the init did not answer"),
         }
     }
     let work = Path::new(&cfg.work_dir);
@@ -264,7 +308,7 @@ fn launch(
             abort_job(&fds.exec_notify, &format!("cwd {}: {e}", cwd.display()));
         }
     }
-    exec_program(&fds, setup_w, &payload, &cwd, hardening)
+    exec_program(&fds, setup_w, &payload, &cwd)
 }
 
 /// Waits for the program, then kills and reaps everything else in the sandbox.
@@ -303,13 +347,7 @@ fn write_files(work: &Path, payload: &Payload) -> Result<(), String> {
 }
 
 /// The program's side of the fork: the last isolation steps, then exec.
-fn exec_program(
-    fds: &JobFds,
-    setup_w: &OwnedFd,
-    payload: &Payload,
-    cwd: &Path,
-    hardening: &Hardening,
-) -> ! {
+fn exec_program(fds: &JobFds, setup_w: &OwnedFd, payload: &Payload, cwd: &Path) -> ! {
     let fail = |message: &str| -> ! {
         let _ = nix::unistd::write(setup_w, message.as_bytes());
         abort_job(&fds.exec_notify, message)
@@ -364,15 +402,9 @@ fn exec_program(
     ] {
         step(name, setrlimit(resource, soft, hard));
     }
-    // Ordering: no_new_privs before seccomp (the kernel requires it unprivileged) and before
-    // exec; capabilities dropped before seccomp, which may deny capset; every descriptor but
-    // stdio marked close-on-exec late, after the last use of the ones we were given; seccomp
-    // last, so none of our own set-up runs under the filter.
-    step("no_new_privs", nix::sys::prctl::set_no_new_privs());
-    step(
-        "drop capabilities",
-        sys::drop_all_capabilities(hardening.last_capability),
-    );
+    // no_new_privs, the capability drop and the filter were taken by `harden`. Every
+    // descriptor but stdio is marked close-on-exec last, after the last use of the ones we
+    // were given.
     step("close descriptors", sys::cloexec_from(3));
     let argv = match to_cstrings(&payload.argv) {
         Ok(a) => a,
@@ -390,7 +422,6 @@ fn exec_program(
         .map(|(_, v)| v.as_str())
         .unwrap_or("");
     let candidates = resolve(&payload.argv[0], path_var);
-    step("seccomp", sys::install_seccomp(&hardening.seccomp));
     // The deadline starts here; the zygote may notice the exec a little later.
     let stamp = format!("{EXEC_MARK}{}", super::mono_ns());
     let _ = nix::unistd::write(&fds.exec_notify, stamp.as_bytes());

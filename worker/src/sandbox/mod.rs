@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod init;
+pub mod netns;
 pub mod rootfs;
 pub mod seccomp;
 #[allow(unsafe_code)]

@@ -21,6 +21,7 @@ use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFl
 use nix::unistd::{Gid, Pid, Uid};
 
 use super::init::Hardening;
+use super::netns::{NetNs, NetPool};
 use super::sys::{self, Forked};
 use super::wire::{self, Exit, FromInit, FromZygote, ToInit, ToZygote, ZygoteConfig};
 use super::{mono_ns, seccomp};
@@ -148,6 +149,8 @@ struct Sandbox {
     setup_error: Option<String>,
     /// Host pid of the launcher (learned from its ready message's credentials).
     launcher: Option<i32>,
+    /// The sandbox's network namespace, returned to the pool when the sandbox is gone.
+    net: Option<NetNs>,
 }
 
 struct Request {
@@ -167,6 +170,8 @@ struct Zygote {
     ready: VecDeque<i32>,
     by_req: HashMap<u64, i32>,
     pending: VecDeque<Request>,
+    /// Network namespaces for the sandboxes (with `net_per_sandbox`).
+    net: NetPool,
     /// The last warm-up failure: while set, sandboxes are only built on demand, so a broken
     /// host fails each job with the reason instead of spinning.
     broken: Option<String>,
@@ -176,6 +181,12 @@ impl Zygote {
     fn new(control: OwnedFd, cfg: ZygoteConfig, hardening: Hardening) -> Zygote {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap_or_else(|e| {
             eprintln!("forkbox zygote: epoll: {e}");
+            sys::exit_now(1)
+        });
+        // Every sandbox alive (the pool and those running) may hold one; a few more absorb
+        // the moments when sandboxes end faster than new ones start.
+        let net = NetPool::new(cfg.pool * 2 + 2).unwrap_or_else(|e| {
+            eprintln!("forkbox zygote: {e}");
             sys::exit_now(1)
         });
         let mut z = Zygote {
@@ -189,6 +200,7 @@ impl Zygote {
             ready: VecDeque::new(),
             by_req: HashMap::new(),
             pending: VecDeque::new(),
+            net,
             broken: None,
         };
         let control = z.control.as_raw_fd();
@@ -394,7 +406,17 @@ impl Zygote {
     }
 
     /// Keeps `pool` sandboxes built or being built.
+    ///
+    /// Building a sandbox (mounts, namespace set-up, the expedited RCU grace periods they
+    /// trigger) disturbs whatever runs on the other cores. So while a job runs and a ready
+    /// sandbox still covers the next request, building waits until the job is over (or the
+    /// spare is taken); a short job then runs undisturbed, and under load the pool still
+    /// refills as soon as it runs dry.
     fn replenish(&mut self) {
+        let running = self.sandboxes.values().any(|s| s.phase == Phase::Running);
+        if running && !self.ready.is_empty() {
+            return;
+        }
         loop {
             let warming = self
                 .sandboxes
@@ -421,16 +443,29 @@ impl Zygote {
     fn clone_sandbox(&mut self) -> Result<(), String> {
         let (ours, theirs) = wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
         wire::pass_credentials(&ours).map_err(|e| format!("SO_PASSCRED: {e}"))?;
-        let mut flags = libc::CLONE_NEWUSER
+        let flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
-        if self.cfg.net_per_sandbox {
-            flags |= libc::CLONE_NEWNET;
-        }
-        let (pid, pidfd) = match sys::clone_into_namespaces(flags) {
-            Err(e) => return Err(format!("clone sandbox namespaces: {e}")),
+        // The sandbox's network namespace is not created by the clone: it is one of the pool's
+        // (see `netns`), entered around the clone so the child starts in it.
+        let net = match self.cfg.net_per_sandbox {
+            true => Some(self.net.take()?),
+            false => None,
+        };
+        let cloned = match &net {
+            Some(ns) => self.net.clone_into(ns, flags),
+            None => sys::clone_into_namespaces(flags)
+                .map_err(|e| format!("clone sandbox namespaces: {e}")),
+        };
+        let (pid, pidfd) = match cloned {
+            Err(e) => {
+                if let Some(ns) = net {
+                    self.net.give_back(ns);
+                }
+                return Err(e);
+            }
             Ok(Forked::Child) => {
                 drop(ours);
                 super::init::main(theirs, &self.cfg, &self.hardening)
@@ -448,14 +483,12 @@ impl Zygote {
         for (file, content) in maps {
             let path = format!("/proc/{pid}/{file}");
             if let Err(e) = fs::write(&path, content) {
-                let _ = sys::pidfd_kill(&pidfd);
-                let _ = nix::sys::wait::waitpid(pid, None);
+                self.abandon(pid, &pidfd, net);
                 return Err(format!("write {path}: {e}"));
             }
         }
         if let Err(e) = wire::send(ours.as_fd(), &ToInit::MapsWritten, &[]) {
-            let _ = sys::pidfd_kill(&pidfd);
-            let _ = nix::sys::wait::waitpid(pid, None);
+            self.abandon(pid, &pidfd, net);
             return Err(format!("signal sandbox: {e}"));
         }
         let raw = pid.as_raw();
@@ -476,11 +509,21 @@ impl Zygote {
                 exit: Exit::default(),
                 setup_error: None,
                 launcher: None,
+                net,
             },
         );
         self.watch(sock_fd, Source::InitSocket(raw));
         self.watch(pidfd_fd, Source::Exit(raw));
         Ok(())
+    }
+
+    /// Kills and reaps a sandbox that could not be set up.
+    fn abandon(&mut self, pid: Pid, pidfd: &OwnedFd, net: Option<NetNs>) {
+        let _ = sys::pidfd_kill(pidfd);
+        let _ = nix::sys::wait::waitpid(pid, None);
+        if let Some(ns) = net {
+            self.net.give_back(ns);
+        }
     }
 
     fn on_init_message(&mut self, pid: i32) {
@@ -609,6 +652,9 @@ impl Zygote {
             }
         }
         self.ready.retain(|p| *p != pid);
+        if let Some(ns) = sb.net.take() {
+            self.net.give_back(ns);
+        }
         match sb.phase {
             Phase::Running => {
                 self.by_req.remove(&sb.req);
