@@ -40,7 +40,7 @@ pub struct SandboxOpts {
     /// Use this unpacked root filesystem instead of the host allowlist.
     #[arg(long, value_name = "DIR")]
     pub rootfs: Option<PathBuf>,
-    /// Host directories exposed read-only (through an in-RAM overlay), comma-separated.
+    /// Host directories exposed read-only (bind mounts), comma-separated.
     #[arg(
         long,
         value_name = "DIRS",
