@@ -408,13 +408,18 @@ impl Zygote {
     /// Keeps `pool` sandboxes built or being built.
     ///
     /// Building a sandbox (mounts, namespace set-up, the expedited RCU grace periods they
-    /// trigger) disturbs whatever runs on the other cores. So while a job runs and a ready
-    /// sandbox still covers the next request, building waits until the job is over (or the
-    /// spare is taken); a short job then runs undisturbed, and under load the pool still
-    /// refills as soon as it runs dry.
+    /// trigger) disturbs whatever runs on the other cores. So while jobs run and the ready
+    /// sandboxes already cover every slot still free (the engine never runs more than
+    /// `pool - 1` jobs at once), building waits until a job is over or a spare is taken: a
+    /// short job then runs undisturbed, and any request the slots allow still finds a sandbox.
     fn replenish(&mut self) {
-        let running = self.sandboxes.values().any(|s| s.phase == Phase::Running);
-        if running && !self.ready.is_empty() {
+        let running = self
+            .sandboxes
+            .values()
+            .filter(|s| s.phase == Phase::Running)
+            .count();
+        let free_slots = (self.cfg.pool - 1).saturating_sub(running).max(1);
+        if running > 0 && self.ready.len() >= free_slots {
             return;
         }
         loop {
