@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use plotters::chart::SeriesLabelStyle;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::report::Report;
@@ -42,6 +43,27 @@ where
     Ok(())
 }
 
+/// A white SVG canvas of the common size at `path`.
+fn canvas(path: &Path) -> Result<DrawingArea<SVGBackend<'_>, Shift>, Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root)
+}
+
+/// A chart with the common caption font, margin and label areas; the caller sets its axes.
+fn chart_builder<'a, 'b, DB: DrawingBackend>(
+    root: &'a DrawingArea<DB, Shift>,
+    caption: &str,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut builder = ChartBuilder::on(root);
+    builder
+        .caption(caption, (FONT, 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    builder
+}
+
 fn max_or(values: impl Iterator<Item = f64>, floor: f64) -> f64 {
     values.fold(floor, f64::max)
 }
@@ -49,8 +71,7 @@ fn max_or(values: impl Iterator<Item = f64>, floor: f64) -> f64 {
 /// Latency percentiles per second (log scale: p50 and p99.9 differ by orders of magnitude).
 fn latency(report: &Report, path: &Path) -> PlotResult {
     let tl = &report.timeline;
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let points = |f: fn(&crate::stats::Window) -> f64| -> Vec<(f64, f64)> {
         tl.iter()
             .filter(|w| w.completed > 0)
@@ -72,11 +93,7 @@ fn latency(report: &Report, path: &Path) -> PlotResult {
         .min(y_max / 10.0)
         .max(0.001)
         / 1.5;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Enqueue-to-result latency per second", (FONT, 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(&root, "Enqueue-to-result latency per second")
         .build_cartesian_2d(0f64..x_max, (y_min..y_max).log_scale())?;
     chart
         .configure_mesh()
@@ -101,15 +118,10 @@ fn latency(report: &Report, path: &Path) -> PlotResult {
 /// Completed and enqueued jobs per second.
 fn throughput(report: &Report, path: &Path) -> PlotResult {
     let tl = &report.timeline;
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let x_max = max_or(tl.iter().map(|w| w.t_s + 1.0), 1.0);
     let y_max = max_or(tl.iter().map(|w| w.completed.max(w.enqueued) as f64), 1.0) * 1.15;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Throughput per second", (FONT, 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(&root, "Throughput per second")
         .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
     chart
         .configure_mesh()
@@ -153,8 +165,7 @@ fn scaling(report: &Report, path: &Path) -> PlotResult {
     let Some(points) = &report.scaling else {
         return Ok(());
     };
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let k_max = points.iter().map(|p| p.workers).max().unwrap_or(1) as f64;
     let base = points
         .first()
@@ -166,11 +177,7 @@ fn scaling(report: &Report, path: &Path) -> PlotResult {
             .chain(std::iter::once(base * k_max)),
         1.0,
     ) * 1.15;
-    let mut chart = ChartBuilder::on(&root)
-        .caption("Throughput vs worker nodes", (FONT, 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(&root, "Throughput vs worker nodes")
         .build_cartesian_2d(0f64..k_max + 0.5, 0f64..y_max)?;
     chart
         .configure_mesh()
@@ -208,19 +215,11 @@ fn ramp(report: &Report, path: &Path) -> PlotResult {
     let Some(ramp) = &report.ramp else {
         return Ok(());
     };
-    let root = SVGBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE)?;
+    let root = canvas(path)?;
     let x_max = max_or(ramp.steps.iter().map(|s| s.offered_jobs_per_s), 1.0) * 1.1;
     let y_max = max_or(ramp.steps.iter().map(|s| s.achieved_jobs_per_s), 1.0).max(x_max) * 1.05;
     let p_max = max_or(ramp.steps.iter().map(|s| s.p99_ms), ramp.p99_bound_ms) * 1.2;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "Ramp: achieved throughput and p99 vs offered rate",
-            (FONT, 20),
-        )
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = chart_builder(&root, "Ramp: achieved throughput and p99 vs offered rate")
         .right_y_label_area_size(70)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max)?
         .set_secondary_coord(0f64..x_max, 0f64..p_max);
