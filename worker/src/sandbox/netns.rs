@@ -18,7 +18,8 @@ use nix::sched::{setns, unshare, CloneFlags};
 use super::sys;
 
 /// What must be unchanged for a namespace to be reused: the loopback's statistics line and
-/// the number of sockets open in the namespace.
+/// the number of sockets open in the namespace. Both are per namespace; were a kernel to count
+/// sockets machine-wide, a mismatch would only cost the reuse, never let a used namespace pass.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Fingerprint {
     loopback: String,
