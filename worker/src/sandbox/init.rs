@@ -17,7 +17,7 @@ use forkbox_queue::FileData;
 use nix::errno::Errno;
 use nix::sys::resource::{setrlimit, Resource};
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::rootfs::{self, RootPlan};
@@ -329,8 +329,15 @@ fn reap(main_pid: Pid) -> (Option<i32>, Option<i32>) {
         }
     }
     // Background children die with the program: their files must settle before collection.
-    let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
-    while !matches!(waitpid(None, None), Err(Errno::ECHILD)) {}
+    // Every process of the namespace descends from us, so with no child left there is none
+    // (the common case), and the machine-wide walk of `kill(-1)` is skipped.
+    if !matches!(
+        waitpid(None, Some(WaitPidFlag::WNOHANG)),
+        Err(Errno::ECHILD)
+    ) {
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        while !matches!(waitpid(None, None), Err(Errno::ECHILD)) {}
+    }
     result
 }
 
