@@ -92,12 +92,7 @@ fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
     let out = forkbox(&["submit", "--redis", &url, "--wait", "--", "echo", "hi"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "hi\n");
-    let page = http_get(metrics, "/metrics").1;
-    assert_eq!(
-        metric(&page, "forkbox_jobs_total", &ok),
-        Some(1.0),
-        "{page}"
-    );
+    let page = metric_reaches(metrics, "forkbox_jobs_total", &ok, 1.0);
     assert!(
         page.contains("forkbox_job_duration_seconds_bucket"),
         "{page}"

@@ -205,6 +205,24 @@ pub fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     })
 }
 
+/// Waits until `/metrics` shows `want` for one series and returns that page. A result
+/// becomes visible in Redis a moment before the node counts it, so a test that has just
+/// seen a result reads the counters through this.
+pub fn metric_reaches(addr: SocketAddr, name: &str, labels: &[(&str, &str)], want: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = http_get(addr, "/metrics").1;
+        if metric(&page, name, labels) == Some(want) {
+            return page;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}{labels:?} never reached {want}:\n{page}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Every `(id, attempt, worker)` in a queue's results stream, in order.
 pub async fn results_stream(url: &str, queue: &str) -> Vec<(String, serde_json::Value)> {
     let mut c = conn(url).await;
