@@ -451,6 +451,20 @@ fn cpu_limit_kills_a_busy_loop() {
 }
 
 #[test]
+fn output_of_exactly_the_cap_is_not_flagged() {
+    for who in identities() {
+        let ran = run_json(who, &["--output-bytes", "1000"], "head -c 1000 /dev/zero");
+        assert_eq!(ran.status(), "ok", "{who:?}");
+        assert_eq!(ran.json["stdout_truncated"], false);
+        assert_eq!(ran.stdout().len(), 1000);
+        let ran = run_json(who, &["--output-bytes", "1000"], "head -c 1001 /dev/zero");
+        assert_eq!(ran.status(), "output_limit", "{who:?}");
+        assert_eq!(ran.json["stdout_truncated"], true);
+        assert_eq!(ran.stdout().len(), 1000);
+    }
+}
+
+#[test]
 fn output_is_capped_and_flagged() {
     for who in identities() {
         let before =

@@ -756,22 +756,23 @@ async fn read_capped(
     let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
         return (Vec::new(), false);
     };
+    // One byte past the cap is read to tell "exactly the cap" from "more than the cap"; the
+    // bytes land straight in `out` (no zeroed scratch buffer, no second copy).
+    let limit = (cap as usize).saturating_add(1);
     let mut out = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
     loop {
-        match rx.read(&mut buf).await {
+        let want = (limit - out.len()).min(64 * 1024);
+        out.reserve(want);
+        let before = out.len();
+        match (&mut rx).take(want as u64).read_buf(&mut out).await {
             Ok(0) | Err(_) => return (out, false),
-            Ok(n) => {
-                let room = (cap as usize).saturating_sub(out.len());
-                if n > room {
-                    out.extend_from_slice(&buf[..room]);
-                    forward(&buf[..room]);
-                    let _ = over.send(());
-                    return (out, true);
-                }
-                out.extend_from_slice(&buf[..n]);
-                forward(&buf[..n]);
+            Ok(_) if out.len() > cap as usize => {
+                out.truncate(cap as usize);
+                forward(&out[before.min(out.len())..]);
+                let _ = over.send(());
+                return (out, true);
             }
+            Ok(_) => forward(&out[before..]),
         }
     }
 }

@@ -183,7 +183,9 @@ pub fn send<T: Serialize>(
 
 /// Receives one message; `Ok(None)` when the peer has closed.
 pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received<T>>, Errno> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
+    // Sized to the datagram: a fixed 64 KiB buffer would be zeroed on every call, and in a
+    // freshly forked sandbox process each of its pages is a copy-on-write fault.
+    let mut buf = vec![0u8; next_len(sock)?.min(MAX_MESSAGE)];
     let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_FDS], libc::ucred);
     let (len, fds, sender_pid) = loop {
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
@@ -229,6 +231,22 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received
         fds,
         sender_pid,
     }))
+}
+
+/// The length of the next datagram, without taking it (0 once the peer has closed); waits
+/// for one to arrive. A datagram longer than the buffer given makes the receive fail with
+/// `EMSGSIZE` rather than arrive cut short.
+fn next_len(sock: BorrowedFd<'_>) -> Result<usize, Errno> {
+    loop {
+        match socket::recv(
+            sock.as_raw_fd(),
+            &mut [],
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_TRUNC,
+        ) {
+            Err(Errno::EINTR) => continue,
+            r => return r,
+        }
+    }
 }
 
 /// A connected `SOCK_SEQPACKET` pair, close-on-exec.
