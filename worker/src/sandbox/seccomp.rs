@@ -89,6 +89,11 @@ pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
     ctx.set_act_badarch(ScmpAction::Errno(libc::EPERM))?;
     // The sandbox sets no_new_privs itself, just before loading the program.
     ctx.set_ctl_nnp(false)?;
+    // A binary search over syscall numbers instead of one comparison per denied call: the
+    // kernel runs the program once per syscall number when it is loaded (to cache the calls
+    // it always allows), inside every sandbox, so its length is paid on every spawn. Where
+    // libseccomp or the kernel lacks the option, the linear program enforces the same policy.
+    let _ = ctx.set_ctl_optimize(2);
     for name in DENIED {
         let call = ScmpSyscall::from_name(name).map_err(|_| SeccompError::UnknownSyscall(name))?;
         ctx.add_rule(ScmpAction::Errno(libc::EPERM), call)?;
@@ -145,6 +150,61 @@ mod tests {
         for name in required.split_whitespace() {
             assert!(DENIED.contains(&name), "{name} missing from the deny list");
         }
+    }
+
+    /// Runs a classic BPF seccomp program over (arch, nr); returns the action and the number
+    /// of instructions executed. Only the instructions a libseccomp export uses are known.
+    fn run(prog: &[SockFilter], arch: u32, nr: u32) -> (u32, usize) {
+        let (mut pc, mut acc, mut steps) = (0usize, 0u32, 0usize);
+        loop {
+            let i = prog[pc];
+            steps += 1;
+            let jump = |taken: bool| pc + 1 + usize::from(if taken { i.jt } else { i.jf });
+            pc = match i.code {
+                0x20 => {
+                    acc = match i.k {
+                        0 => nr,
+                        4 => arch,
+                        k => panic!("load of seccomp_data offset {k}"),
+                    };
+                    pc + 1
+                }
+                0x15 => jump(acc == i.k),
+                0x25 => jump(acc > i.k),
+                0x35 => jump(acc >= i.k),
+                0x45 => jump(acc & i.k != 0),
+                0x05 => pc + 1 + i.k as usize,
+                0x06 => return (i.k, steps),
+                c => panic!("instruction {c:#x} at {pc}"),
+            };
+        }
+    }
+
+    #[test]
+    fn program_denies_exactly_the_list_in_a_few_steps() {
+        const X86_64: u32 = 0xc000_003e;
+        const ALLOW: u32 = 0x7fff_0000;
+        const EPERM: u32 = 0x0005_0000 | libc::EPERM as u32;
+        let prog = compile().unwrap();
+        let denied: Vec<u32> = DENIED
+            .iter()
+            .map(|n| i32::from(ScmpSyscall::from_name(n).unwrap()) as u32)
+            .collect();
+        let mut longest = 0;
+        for nr in 0..1024 {
+            let (action, steps) = run(&prog, X86_64, nr);
+            let want = if denied.contains(&nr) { EPERM } else { ALLOW };
+            assert_eq!(action, want, "syscall {nr}");
+            longest = longest.max(steps);
+            // The x32 twin of every number, and any other architecture, are refused.
+            assert_eq!(run(&prog, X86_64, nr | 0x4000_0000).0, EPERM);
+            assert_eq!(run(&prog, 0x4000_0003, nr).0, EPERM);
+        }
+        // A binary search: a linear list would walk past every denied number.
+        assert!(
+            longest < DENIED.len() / 2,
+            "{longest} instructions for one syscall"
+        );
     }
 
     #[test]
