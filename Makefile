@@ -58,6 +58,7 @@ test-rust: deps $(PY_VENV)/.forkbox-sdk
 test-python: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build -p forkbox
 	$(PY) -m pytest -q sdk/python/tests
+	$(PY) -m pytest -q bench/tests
 
 test-deploy: deps
 	$(CARGO) build -p forkbox

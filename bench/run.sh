@@ -5,6 +5,8 @@
 #      prefork on the same Redis with the same number of worker processes, and the unsandboxed
 #      ceiling of W processes spawning /bin/true in a loop;
 #   3. HumanEval's 164 canonical solutions: forkbox vs one multiprocessing.Process per problem;
+#   2b. where a queue job's CPU time goes: the same run under `perf record -a`, by role
+#       (bench/profile.py), skipped with the reason where perf is unavailable;
 #   4. scaling over K = 1, 2, 4 nodes in simulated hosts, the Redis cost per job, and the
 #      single-core Redis ceiling (redis-benchmark).
 # Raw results go to bench/out/raw/, one section file per table to bench/out/*.json
@@ -118,6 +120,24 @@ redis-cli -p "$PORT" info cpu >"$RAW/redis-cpu-before.txt"
     say "forkbox throughput run failed; see $RAW/forkbox-noop.log"
 redis-cli -p "$PORT" info cpu >"$RAW/redis-cpu-after.txt"
 redis-cli -p "$PORT" info commandstats >"$RAW/redis-commandstats.txt"
+
+say "2b. where a queue job's CPU time goes (perf)"
+# The same kind of run, machine-wide under perf, split into roles by bench/profile.py.
+PROFILE_JOBS=$((JOBS / 2))
+if ! command -v perf >/dev/null; then
+    python3 -c 'import json; print(json.dumps({"error": "perf is not installed (apt-get install linux-perf)"}))' >"$RAW/cpu-profile.json"
+elif ! perf record -a -q -o "$RAW/perf.probe" -- true >/dev/null 2>&1; then
+    python3 -c 'import json; print(json.dumps({"error": "perf record -a is not permitted here (kernel.perf_event_paranoid)"}))' >"$RAW/cpu-profile.json"
+else
+    rm -f "$RAW/perf.probe"
+    perf record -a -g -q -o "$RAW/perf.data" -- "$LOADGEN" --redis "$URL/0" --queue profile \
+        --jobs "$PROFILE_JOBS" --spawn-workers 1 --slots "$WORKERS" --concurrency $((WORKERS * 16)) \
+        --report "$RAW/forkbox-profile" --quiet >"$RAW/forkbox-profile.log" 2>&1 ||
+        say "profiled run failed; see $RAW/forkbox-profile.log"
+    capture cpu-profile bash -c 'perf script -i "$1" --show-task-events -F comm,pid,tid,period,ip,sym 2>/dev/null |
+        python3 bench/profile.py --jobs "$2"' _ "$RAW/perf.data" "$PROFILE_JOBS"
+    rm -f "$RAW/perf.data"
+fi
 
 say "3. HumanEval"
 HUMANEVAL=${FORKBOX_HUMANEVAL:-../shared/data/HumanEval.jsonl.gz}

@@ -143,6 +143,49 @@ def queue(raw):
             "notes": notes}
 
 
+ROLES = {
+    "program": "the job's program after exec (loader, run, exit)",
+    "sandbox": "sandbox init and launcher: namespaces, root, hardening, exec, reaping, tear-down",
+    "zygote": "zygote: clone3, namespace pool, dispatch, watchdog",
+    "node": "worker node: Redis client, engine, metrics",
+    "loadgen": "load generator",
+    "redis": "redis-server",
+    "kernel": "kernel threads (RCU grace periods, softirqs, workqueues)",
+    "other": "anything else on the machine",
+}
+
+
+def cpu_profile(raw):
+    r = load(raw, "cpu-profile.json")
+    ceiling = load(raw, "ceiling.json")
+    env = load(raw, "environment.json")
+    section = {"section": "cpu-profile", "order": 22, "title": "Where a queue job's CPU time goes",
+               "intro": f"A forkbox run like the one above ({r.get('jobs', 'n/a')} `/bin/true` jobs, one node) "
+                        "recorded machine-wide by `perf record -a -g`; `bench/profile.py` gives each sample "
+                        "to a role by the process tree. CPU time per job, all cores together.",
+               "tables": [], "notes": errors(r)}
+    if "error" in r:
+        return section
+    per = r["us_per_job"]
+    busy = sum(v for k, v in per.items() if k != "idle")
+    rows = [[ROLES.get(k, k), fmt(v), f"{100 * v / busy:.0f}%"]
+            for k, v in per.items() if k != "idle"]
+    rows.append(["total busy", fmt(busy), "100%"])
+    section["tables"].append({"columns": ["role", "µs per job", "share"], "rows": rows})
+    section["tables"].append({
+        "columns": ["sandbox processes, by kernel entry", "µs per job"],
+        "rows": [[k, fmt(v)] for k, v in r["sandbox_us_per_job"].items()]})
+    cap, cores = ceiling.get("jobs_per_s"), env.get("workers")
+    if cap and cores:
+        section["notes"].append(
+            f"The unsandboxed ceiling above costs about {1e6 * cores / cap:,.0f} µs of CPU per job "
+            f"({cores} busy processes ÷ {cap:,.0f} jobs/s), nearly all of it the program's own exec, "
+            "loader and exit: compare the program row. Reaching half that ceiling would leave the "
+            "queue, the node and the sandbox together about as much CPU per job as the program "
+            "itself takes.")
+    return section
+
+
 def humaneval(raw):
     fb = load(raw, "forkbox-humaneval/report.json")
     mp = load(raw, "humaneval-mp.json")
@@ -281,7 +324,7 @@ def sdk(raw):
 def main():
     raw, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
-    for build in (environment, spawn, queue, humaneval, scaling, sdk):
+    for build in (environment, spawn, queue, cpu_profile, humaneval, scaling, sdk):
         write(out, build(raw))
 
 
