@@ -51,6 +51,11 @@ pub struct WorkerArgs {
     /// Jobs run at once [default: the number of CPUs].
     #[arg(long, env = "FORKBOX_SLOTS")]
     pub slots: Option<usize>,
+    /// Jobs read ahead of a free slot, so the next one starts without a Redis round trip;
+    /// they wait on this node even when another is idle, so use it for full queues (batch
+    /// runs), not for latency-bound ones [default: 0].
+    #[arg(long, env = "FORKBOX_PREFETCH", value_name = "N")]
+    pub prefetch: Option<usize>,
     /// Serve /metrics and /healthz here (port 0 picks one; the log says which) [default: none].
     #[arg(long, env = "FORKBOX_METRICS_ADDR", value_name = "ADDR:PORT")]
     pub metrics_addr: Option<SocketAddr>,
@@ -99,6 +104,9 @@ impl WorkerArgs {
         }
         if let Some(s) = self.slots.or(file.slots) {
             c.slots = s;
+        }
+        if let Some(p) = self.prefetch.or(file.prefetch) {
+            c.prefetch = p;
         }
         c.metrics_addr = self.metrics_addr.or(file.metrics_addr);
         if let Some(g) = self.grace.or(file.grace) {

@@ -3,7 +3,7 @@
 //! Each setting comes from, in order of precedence: the command-line flag, its environment
 //! variable (`FORKBOX_REDIS_URL`, `FORKBOX_QUEUES`, `FORKBOX_SLOTS`, `FORKBOX_METRICS_ADDR`, ...),
 //! the TOML file given with `--config`, and the built-in default. The file uses the flags'
-//! names with underscores (`redis`, `queues`, `slots`, `metrics_addr`, `grace`,
+//! names with underscores (`redis`, `queues`, `slots`, `prefetch`, `metrics_addr`, `grace`,
 //! `visibility_timeout_ms`, `max_attempts`, `name`, ...); unknown keys are rejected.
 
 use std::net::SocketAddr;
@@ -28,8 +28,12 @@ pub struct NodeConfig {
     pub redis_url: String,
     /// Queues in priority order, highest first.
     pub queues: Vec<String>,
-    /// Jobs run at once; also the most stream entries held.
+    /// Jobs run at once.
     pub slots: usize,
+    /// Entries read ahead of a free slot, so a slot that frees up starts its next job without
+    /// a Redis round trip. Each waits on this node while it could run on an idle one, so it
+    /// suits queues that stay full (batch runs) more than latency-bound ones; 0 by default.
+    pub prefetch: usize,
     /// Consumer name in group `workers`; unique per process.
     pub name: String,
     /// Where `/metrics` and `/healthz` are served; `None` for no listener.
@@ -51,6 +55,7 @@ impl NodeConfig {
             redis_url: redis_url.into(),
             queues: vec![DEFAULT_QUEUE.to_owned()],
             slots: default_slots(),
+            prefetch: 0,
             name: default_name(),
             metrics_addr: None,
             grace: Duration::from_secs_f64(DEFAULT_GRACE_S),
@@ -126,6 +131,7 @@ pub struct FileConfig {
     pub redis: Option<String>,
     pub queues: Option<QueueList>,
     pub slots: Option<usize>,
+    pub prefetch: Option<usize>,
     pub metrics_addr: Option<SocketAddr>,
     /// Seconds.
     pub grace: Option<f64>,

@@ -1,11 +1,14 @@
 //! The node's main loop: reading deliveries into slots and running them.
 //!
-//! The reader takes every free slot (a permit of the [`SlotPool`]) before it reads, asks Redis
-//! for at most that many entries, and gives each delivery one permit; a permit returns to the
-//! pool only when the job's result is stored (see [`outbox`](crate::node::outbox)), so the
-//! node never holds more entries than it can run. At start the reader drains the node's own
-//! pending entries; every half visibility timeout it reclaims idle entries of dead workers
-//! with the free slots it has.
+//! The reader takes every free admission of the [`SlotPool`] before it reads, asks Redis for
+//! at most that many entries, and gives each delivery one [`Hold`]. Admissions number the
+//! slots plus the prefetch, and one returns as soon as its job's run is over, so the next
+//! read overlaps the storing of the result rather than waiting for it; a job waits for one
+//! of the engine's slots before it runs. The hold's second permit returns only when the
+//! result is stored (see [`outbox`](crate::node::outbox)), which caps the entries a node holds
+//! at twice its slots plus the prefetch however slowly results are stored. At start the
+//! reader drains the node's own pending entries; every half visibility timeout it reclaims
+//! idle entries of dead workers with the admissions it has.
 //!
 //! A job task runs one delivery in the engine and decides what becomes of it:
 //!
@@ -168,32 +171,71 @@ impl Held {
     }
 }
 
-/// The node's slots: one permit per job that may be held.
+/// What a node may hold: admissions (entries read and not yet run to the end: the slots plus
+/// the prefetch) and holds (entries whose result is not yet stored).
 #[derive(Debug, Clone)]
 pub struct SlotPool {
-    permits: Arc<Semaphore>,
+    admissions: Arc<Semaphore>,
+    holds: Arc<Semaphore>,
+}
+
+/// The two permits of one delivery: the admission returns when its run is over, the hold
+/// when its result is stored.
+#[derive(Debug)]
+pub struct Hold {
+    admission: OwnedSemaphorePermit,
+    stored: OwnedSemaphorePermit,
 }
 
 impl SlotPool {
-    fn new(slots: usize) -> SlotPool {
+    fn new(slots: usize, prefetch: usize) -> SlotPool {
         SlotPool {
-            permits: Arc::new(Semaphore::new(slots)),
+            admissions: Arc::new(Semaphore::new(slots + prefetch)),
+            holds: Arc::new(Semaphore::new(2 * slots + prefetch)),
         }
     }
 
-    /// Waits for one free slot, then takes every other free one too.
-    async fn take_free(&self) -> Vec<OwnedSemaphorePermit> {
+    /// Waits for one free admission, takes every other free one too, and a hold for each
+    /// (waiting while earlier results are still being stored).
+    async fn take_free(&self) -> Vec<Hold> {
         let first = self
-            .permits
+            .admissions
             .clone()
             .acquire_owned()
             .await
             .expect("the slot pool is never closed");
-        let mut out = vec![first];
-        while let Ok(p) = self.permits.clone().try_acquire_owned() {
-            out.push(p);
+        let mut admissions = vec![first];
+        while let Ok(p) = self.admissions.clone().try_acquire_owned() {
+            admissions.push(p);
+        }
+        let mut out = Vec::with_capacity(admissions.len());
+        for admission in admissions {
+            let stored = self
+                .holds
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the slot pool is never closed");
+            out.push(Hold { admission, stored });
         }
         out
+    }
+}
+
+/// Counts one job task in `Shared::busy` for as long as it lives, panics included, so a drain
+/// never waits for a task that is gone.
+struct Unfinished(watch::Sender<usize>);
+
+impl Unfinished {
+    fn count(shared: &Shared) -> Unfinished {
+        shared.busy.send_modify(|n| *n += 1);
+        Unfinished(shared.busy.clone())
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
     }
 }
 
@@ -226,6 +268,8 @@ pub(crate) struct Shared {
     pub engine: Engine,
     pub config: NodeConfig,
     pub slots: SlotPool,
+    /// One permit per engine slot: a job runs only with one.
+    pub running: Arc<Semaphore>,
     pub held: Arc<Held>,
     pub board: Arc<CancelBoard>,
     pub health: Arc<RedisHealth>,
@@ -325,7 +369,8 @@ impl Node {
             name: config.name.clone(),
             set: set.clone(),
             engine: self.engine,
-            slots: SlotPool::new(config.slots),
+            slots: SlotPool::new(config.slots, config.prefetch),
+            running: Arc::new(Semaphore::new(config.slots)),
             held: Arc::new(Held::default()),
             board: Arc::new(CancelBoard::default()),
             health: health.clone(),
@@ -337,10 +382,11 @@ impl Node {
         });
         let config = &shared.config;
         tracing::info!(
-            "worker {} reading {} with {} slot(s) at {}",
+            "worker {} reading {} with {} slot(s) and a prefetch of {} at {}",
             config.name,
             config.queues.join(","),
             config.slots,
+            config.prefetch,
             redact(&config.redis_url),
         );
 
@@ -382,9 +428,9 @@ impl Node {
         drop(outbox);
 
         let mut busy = shared.busy.subscribe();
-        let running = *busy.borrow();
-        if running > 0 {
-            tracing::info!("waiting for {running} running job(s)");
+        let unfinished = *busy.borrow();
+        if unfinished > 0 {
+            tracing::info!("waiting for {unfinished} job(s) running or about to run");
         }
         let grace_left = config.grace.saturating_sub(drain_started.elapsed());
         let finished = tokio::select! {
@@ -574,12 +620,7 @@ impl Shared {
     }
 
     /// Takes over entries idle past the visibility timeout, at most one per free permit.
-    async fn reclaim(
-        self: &Arc<Self>,
-        permits: &mut Vec<OwnedSemaphorePermit>,
-        vis: Duration,
-        outbox: &Outbox,
-    ) {
+    async fn reclaim(self: &Arc<Self>, permits: &mut Vec<Hold>, vis: Duration, outbox: &Outbox) {
         for q in self.set.queues() {
             if permits.is_empty() {
                 return;
@@ -622,13 +663,24 @@ impl Shared {
         }
     }
 
-    fn spawn_job(self: Arc<Self>, d: Delivery, permit: OwnedSemaphorePermit, outbox: &Outbox) {
+    fn spawn_job(self: Arc<Self>, d: Delivery, hold: Hold, outbox: &Outbox) {
         self.held.add(&d.queue, &d.entry_id);
+        let unfinished = Unfinished::count(&self);
         let outbox = outbox.clone();
-        tokio::spawn(self.run_job(d, permit, outbox));
+        tokio::spawn(async move {
+            self.run_job(d, hold, outbox).await;
+            drop(unfinished);
+        });
     }
 
-    async fn run_job(self: Arc<Self>, d: Delivery, permit: OwnedSemaphorePermit, outbox: Outbox) {
+    /// Leaves an entry pending, unrefreshed: the reclaimer hands it out again after the
+    /// visibility timeout (or this worker name's next life resumes it).
+    fn leave_pending(&self, d: &Delivery) {
+        self.held.remove(&d.queue, &d.entry_id);
+    }
+
+    async fn run_job(self: Arc<Self>, d: Delivery, hold: Hold, outbox: Outbox) {
+        let Hold { admission, stored } = hold;
         let job = match &d.job {
             Ok(job) => job,
             Err(e) => {
@@ -638,8 +690,24 @@ impl Shared {
                     entry = d.entry_id,
                     "malformed job: {reason}"
                 );
-                outbox.dead_letter(d, reason, permit);
+                drop(admission);
+                outbox.dead_letter(d, reason, stored);
                 return;
+            }
+        };
+        // A prefetched job waits for a slot; past the grace period it is left pending unrun.
+        let slot = {
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                biased;
+                slot = self.running.clone().acquire_owned() => {
+                    slot.expect("the run semaphore is never closed")
+                }
+                _ = stop.wait_for(|l| *l >= StopLevel::Kill) => {
+                    self.abandoned.fetch_add(1, Ordering::Relaxed);
+                    self.leave_pending(&d);
+                    return;
+                }
             }
         };
         let notify = match self.board.start(&d.queue, &d.id) {
@@ -647,12 +715,12 @@ impl Shared {
                 tracing::info!(queue = d.queue, "job {} was cancelled before it ran", d.id);
                 let outcome = Outcome::not_run(Status::Cancelled, "cancelled before it started");
                 let result = self.result_of(&d, outcome);
-                outbox.complete(d, result, permit);
+                drop((slot, admission));
+                outbox.complete(d, result, stored);
                 return;
             }
             Start::Run(n) => n,
         };
-        self.busy.send_modify(|n| *n += 1);
         ::metrics::gauge!(m::SLOTS_BUSY).increment(1.0);
         let killed = AtomicBool::new(false);
         let outcome = {
@@ -672,17 +740,15 @@ impl Shared {
             };
             self.engine.run_cancellable(job, cancel).await
         };
+        // The slot and the admission go back now: the next job may start, and the reader may
+        // read, while this result is stored.
+        ::metrics::gauge!(m::SLOTS_BUSY).decrement(1.0);
+        drop((slot, admission));
         self.board.finish(&d.queue, &d.id);
         record_run(&outcome);
-        let done = || {
-            ::metrics::gauge!(m::SLOTS_BUSY).decrement(1.0);
-            self.busy.send_modify(|n| *n -= 1);
-        };
         if killed.load(Ordering::Relaxed) && outcome.status == Status::Cancelled {
             self.abandoned.fetch_add(1, Ordering::Relaxed);
-            self.held.remove(&d.queue, &d.entry_id);
-            drop(permit);
-            done();
+            self.leave_pending(&d);
             return;
         }
         match outcome.status {
@@ -695,7 +761,7 @@ impl Shared {
                         d.deliveries
                     );
                     tracing::error!(queue = d.queue, "job {}: {reason}", d.id);
-                    outbox.dead_letter(d, reason, permit);
+                    outbox.dead_letter(d, reason, stored);
                 } else {
                     tracing::warn!(
                         queue = d.queue,
@@ -704,10 +770,7 @@ impl Shared {
                         d.id,
                         d.deliveries
                     );
-                    // Not refreshed any more: the reclaimer hands it out again after the
-                    // visibility timeout.
-                    self.held.remove(&d.queue, &d.entry_id);
-                    drop(permit);
+                    self.leave_pending(&d);
                 }
             }
             Status::Invalid => {
@@ -715,14 +778,13 @@ impl Shared {
                     .error
                     .clone()
                     .unwrap_or_else(|| "invalid job".into());
-                outbox.dead_letter(d, reason, permit);
+                outbox.dead_letter(d, reason, stored);
             }
             _ => {
                 let result = self.result_of(&d, outcome);
-                outbox.complete(d, result, permit);
+                outbox.complete(d, result, stored);
             }
         }
-        done();
     }
 
     fn result_of(&self, d: &Delivery, outcome: Outcome) -> JobResult {
