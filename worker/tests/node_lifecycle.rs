@@ -94,6 +94,78 @@ async fn past_the_grace_period_jobs_are_killed_and_left_pending() {
     assert_eq!(r.attempt, 2);
 }
 
+/// Waits until the queue's entries held by workers number `n`.
+async fn held(q: &forkbox_queue::Queue, n: u64) {
+    poll(Duration::from_secs(30), "entries held", || async move {
+        (q.stats().await.unwrap().pending == n).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_prefetched_job_is_held_until_a_slot_frees_and_runs_in_order() {
+    let server = start_redis();
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    // Enqueued before the worker starts, so its first read takes both at once.
+    // Each prints the clock: the first as it ends, the second as it starts.
+    q.enqueue(&with_id("first", Job::shell("sleep 1; date +%s%N")))
+        .await
+        .unwrap();
+    q.enqueue(&with_id("second", Job::shell("date +%s%N")))
+        .await
+        .unwrap();
+    let mut w = WorkerProc::start(&url, "ahead", &["--slots", "1", "--prefetch", "1"]);
+    let metrics = w.metrics_addr();
+    busy(metrics, 1.0).await;
+    // Both entries are this worker's while only one runs.
+    held(&q, 2).await;
+    assert!(q.result("second").await.unwrap().is_none(), "{}", w.log());
+    let mut clock = Vec::new();
+    for id in ["first", "second"] {
+        let r = q
+            .wait_result(id, Duration::from_secs(30))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("no result for {id}"));
+        assert_eq!(r.outcome.status, Status::Ok, "{id}: {r:?}");
+        clock.push(r.outcome.stdout.trim().parse::<u128>().unwrap());
+    }
+    assert!(
+        clock[1] >= clock[0],
+        "the prefetched job started before the slot was free: {clock:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_grace_period_a_prefetched_job_is_left_pending_unrun() {
+    let server = start_redis();
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    q.enqueue(&with_id("long", Job::shell("sleep 60")))
+        .await
+        .unwrap();
+    q.enqueue(&with_id("waiting", Job::shell("echo ran")))
+        .await
+        .unwrap();
+    let mut w = WorkerProc::start(
+        &url,
+        "ahead-stopped",
+        &["--slots", "1", "--prefetch", "1", "--grace", "0.5"],
+    );
+    let metrics = w.metrics_addr();
+    busy(metrics, 1.0).await;
+    held(&q, 2).await;
+    w.signal(Signal::SIGTERM);
+    let status = w.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{status}; log:\n{}", w.log());
+    for id in ["long", "waiting"] {
+        assert!(q.result(id).await.unwrap().is_none(), "a result for {id}");
+    }
+    let s = q.stats().await.unwrap();
+    assert_eq!(s.pending, 2, "both left pending for the reclaimer: {s:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelling_a_pending_and_a_running_job() {
     let server = start_redis();

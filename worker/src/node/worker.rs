@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use forkbox_queue::{Broker, Delivery, JobResult, Outcome, QueueSet, Status};
-use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::node::cancel::{self, CancelBoard, Start};
 use crate::node::config::NodeConfig;
@@ -239,6 +239,14 @@ impl Drop for Unfinished {
     }
 }
 
+/// A delivery read and waiting for an engine slot.
+pub(crate) struct Queued {
+    d: Delivery,
+    hold: Hold,
+    outbox: Outbox,
+    unfinished: Unfinished,
+}
+
 /// What a node did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeReport {
@@ -270,6 +278,8 @@ pub(crate) struct Shared {
     pub slots: SlotPool,
     /// One permit per engine slot: a job runs only with one.
     pub running: Arc<Semaphore>,
+    /// Deliveries in read order, waiting for a slot (see [`Shared::dispatch`]).
+    pub queued: mpsc::UnboundedSender<Queued>,
     pub held: Arc<Held>,
     pub board: Arc<CancelBoard>,
     pub health: Arc<RedisHealth>,
@@ -365,12 +375,14 @@ impl Node {
             source: Box::new(source),
         })?;
         let (busy, _) = watch::channel(0usize);
+        let (queued, waiting) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             name: config.name.clone(),
             set: set.clone(),
             engine: self.engine,
             slots: SlotPool::new(config.slots, config.prefetch),
             running: Arc::new(Semaphore::new(config.slots)),
+            queued,
             held: Arc::new(Held::default()),
             board: Arc::new(CancelBoard::default()),
             health: health.clone(),
@@ -415,6 +427,7 @@ impl Node {
             shared.trips.clone(),
         );
 
+        background.push(tokio::spawn(shared.clone().dispatch(waiting)));
         let reader = tokio::spawn(
             shared
                 .clone()
@@ -665,12 +678,42 @@ impl Shared {
 
     fn spawn_job(self: Arc<Self>, d: Delivery, hold: Hold, outbox: &Outbox) {
         self.held.add(&d.queue, &d.entry_id);
-        let unfinished = Unfinished::count(&self);
-        let outbox = outbox.clone();
-        tokio::spawn(async move {
-            self.run_job(d, hold, outbox).await;
-            drop(unfinished);
-        });
+        let queued = Queued {
+            unfinished: Unfinished::count(&self),
+            d,
+            hold,
+            outbox: outbox.clone(),
+        };
+        if let Err(mpsc::error::SendError(q)) = self.queued.send(queued) {
+            // Only once the node is over: the entry stays pending for the reclaimer.
+            self.leave_pending(&q.d);
+        }
+    }
+
+    /// Starts the read deliveries in the order they were read (priorities and stream order
+    /// hold even for entries read ahead), each once an engine slot is free. Past the grace
+    /// period, what still waits is left pending unrun.
+    async fn dispatch(self: Arc<Self>, mut waiting: mpsc::UnboundedReceiver<Queued>) {
+        let mut stop = self.stop.clone();
+        while let Some(q) = waiting.recv().await {
+            let slot = tokio::select! {
+                biased;
+                _ = stop.wait_for(|l| *l >= StopLevel::Kill) => None,
+                slot = self.running.clone().acquire_owned() => {
+                    Some(slot.expect("the run semaphore is never closed"))
+                }
+            };
+            let Some(slot) = slot else {
+                self.abandoned.fetch_add(1, Ordering::Relaxed);
+                self.leave_pending(&q.d);
+                continue;
+            };
+            let node = self.clone();
+            tokio::spawn(async move {
+                node.run_job(q.d, q.hold, slot, q.outbox).await;
+                drop(q.unfinished);
+            });
+        }
     }
 
     /// Leaves an entry pending, unrefreshed: the reclaimer hands it out again after the
@@ -679,7 +722,13 @@ impl Shared {
         self.held.remove(&d.queue, &d.entry_id);
     }
 
-    async fn run_job(self: Arc<Self>, d: Delivery, hold: Hold, outbox: Outbox) {
+    async fn run_job(
+        self: Arc<Self>,
+        d: Delivery,
+        hold: Hold,
+        slot: OwnedSemaphorePermit,
+        outbox: Outbox,
+    ) {
         let Hold { admission, stored } = hold;
         let job = match &d.job {
             Ok(job) => job,
@@ -690,24 +739,9 @@ impl Shared {
                     entry = d.entry_id,
                     "malformed job: {reason}"
                 );
-                drop(admission);
+                drop((slot, admission));
                 outbox.dead_letter(d, reason, stored);
                 return;
-            }
-        };
-        // A prefetched job waits for a slot; past the grace period it is left pending unrun.
-        let slot = {
-            let mut stop = self.stop.clone();
-            tokio::select! {
-                biased;
-                slot = self.running.clone().acquire_owned() => {
-                    slot.expect("the run semaphore is never closed")
-                }
-                _ = stop.wait_for(|l| *l >= StopLevel::Kill) => {
-                    self.abandoned.fetch_add(1, Ordering::Relaxed);
-                    self.leave_pending(&d);
-                    return;
-                }
             }
         };
         let notify = match self.board.start(&d.queue, &d.id) {
