@@ -94,12 +94,27 @@ async fn past_the_grace_period_jobs_are_killed_and_left_pending() {
     assert_eq!(r.attempt, 2);
 }
 
-/// Waits until the queue's entries held by workers number `n`.
-async fn held(q: &forkbox_queue::Queue, n: u64) {
-    poll(Duration::from_secs(30), "entries held", || async move {
-        (q.stats().await.unwrap().pending == n).then_some(())
-    })
+/// Enqueues two jobs, then starts a worker with one slot and a prefetch of one (so its first
+/// read takes both at once) and waits until it runs the first and holds both.
+async fn one_running_one_read_ahead(
+    url: &str,
+    q: &forkbox_queue::Queue,
+    jobs: [(&str, &str); 2],
+    extra: &[&str],
+) -> WorkerProc {
+    for (id, script) in jobs {
+        q.enqueue(&with_id(id, Job::shell(script))).await.unwrap();
+    }
+    let args = [&["--slots", "1", "--prefetch", "1"], extra].concat();
+    let mut w = WorkerProc::start(url, "ahead", &args);
+    busy(w.metrics_addr(), 1.0).await;
+    poll(
+        Duration::from_secs(30),
+        "both entries held",
+        || async move { (q.stats().await.unwrap().pending == 2).then_some(()) },
+    )
     .await;
+    w
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -107,19 +122,9 @@ async fn a_prefetched_job_is_held_until_a_slot_frees_and_runs_in_order() {
     let server = start_redis();
     let url = server.url();
     let q = queue(&url, "default").await;
-    // Enqueued before the worker starts, so its first read takes both at once.
     // Each prints the clock: the first as it ends, the second as it starts.
-    q.enqueue(&with_id("first", Job::shell("sleep 1; date +%s%N")))
-        .await
-        .unwrap();
-    q.enqueue(&with_id("second", Job::shell("date +%s%N")))
-        .await
-        .unwrap();
-    let mut w = WorkerProc::start(&url, "ahead", &["--slots", "1", "--prefetch", "1"]);
-    let metrics = w.metrics_addr();
-    busy(metrics, 1.0).await;
-    // Both entries are this worker's while only one runs.
-    held(&q, 2).await;
+    let jobs = [("first", "sleep 1; date +%s%N"), ("second", "date +%s%N")];
+    let w = one_running_one_read_ahead(&url, &q, jobs, &[]).await;
     assert!(q.result("second").await.unwrap().is_none(), "{}", w.log());
     let mut clock = Vec::new();
     for id in ["first", "second"] {
@@ -142,20 +147,8 @@ async fn past_the_grace_period_a_prefetched_job_is_left_pending_unrun() {
     let server = start_redis();
     let url = server.url();
     let q = queue(&url, "default").await;
-    q.enqueue(&with_id("long", Job::shell("sleep 60")))
-        .await
-        .unwrap();
-    q.enqueue(&with_id("waiting", Job::shell("echo ran")))
-        .await
-        .unwrap();
-    let mut w = WorkerProc::start(
-        &url,
-        "ahead-stopped",
-        &["--slots", "1", "--prefetch", "1", "--grace", "0.5"],
-    );
-    let metrics = w.metrics_addr();
-    busy(metrics, 1.0).await;
-    held(&q, 2).await;
+    let jobs = [("long", "sleep 60"), ("waiting", "echo ran")];
+    let mut w = one_running_one_read_ahead(&url, &q, jobs, &["--grace", "0.5"]).await;
     w.signal(Signal::SIGTERM);
     let status = w.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "{status}; log:\n{}", w.log());
