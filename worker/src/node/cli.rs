@@ -354,7 +354,7 @@ mod tests {
         let path = dir.path().join("w.toml");
         std::fs::write(
             &path,
-            "redis = \"redis://file:1/\"\nslots = 7\nqueues = [\"high\", \"low\"]\n",
+            "redis = \"redis://file:1/\"\nslots = 7\nprefetch = 2\nqueues = [\"high\", \"low\"]\n",
         )
         .unwrap();
         let w = Wrapper::try_parse_from([
@@ -371,6 +371,7 @@ mod tests {
         };
         let c = args.resolve().unwrap();
         assert_eq!(c.slots, 3);
+        assert_eq!(c.prefetch, 2);
         assert_eq!(c.redis_url, "redis://file:1/");
         assert_eq!(c.queues, ["high", "low"]);
         assert_eq!(c.grace, Duration::from_secs(30));
