@@ -2,9 +2,10 @@
 //!
 //! A [`Node`] is one `forkbox worker` process seen from the inside. Its parts, one module each:
 //!
-//! - [`worker`]: the reader loop and the [`Slot`](worker::SlotPool) pool. It never holds more
-//!   stream entries than it has free slots; each entry becomes a job task that runs in the
-//!   engine and hands its result to the outbox.
+//! - [`worker`]: the reader loop, the [`SlotPool`](worker::SlotPool) of admissions and holds,
+//!   and the dispatcher. It reads no more stream entries than it has free slots plus its
+//!   prefetch; each entry is started in read order as a job task that runs in the engine and
+//!   hands its result to the outbox.
 //! - [`outbox`]: finished results (and dead letters) waiting to be stored. It completes them in
 //!   batches with one pipelined call and keeps them, retrying, while Redis is away, so a result
 //!   that was computed is never dropped.
