@@ -12,7 +12,8 @@ local first = redis.call('GET', KEYS[2])
 if first then
   return {0, first}
 end
-local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1])
+-- 'vetted': no pending copy and no live result, so a fresh read need not check again.
+local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1], 'vetted', '1')
 redis.call('SET', KEYS[2], entry, 'EX', ARGV[2])
 if ARGV[3] == '1' then
   redis.call('HINCRBY', KEYS[4], 'total', 1)

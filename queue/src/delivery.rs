@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use redis::Value;
 
 use crate::error::QueueError;
-use crate::keys::{GROUP, JOB_FIELD};
+use crate::keys::{GROUP, JOB_FIELD, VETTED_FIELD};
 use crate::queue::Queue;
 use crate::reply::{self, RawEntry};
 use crate::schema::{Job, JobError, MAX_ID_LEN};
@@ -34,6 +34,9 @@ pub struct Delivery {
     /// How many times Redis has handed this entry out, this time included (1 for a first
     /// read). Use it as the result's `attempt`.
     pub deliveries: u64,
+    /// Added by the enqueue script (field `vetted`), which found no pending copy and no live
+    /// result of the id; a raw `XADD` has no such check behind it.
+    pub vetted: bool,
 }
 
 impl Delivery {
@@ -81,6 +84,7 @@ impl Delivery {
             payload,
             job,
             deliveries: deliveries.max(1),
+            vetted: entry.field(VETTED_FIELD) == Some(b"1".as_slice()),
         }
     }
 
@@ -183,12 +187,14 @@ impl Queue {
         self.skip_completed(fresh).await
     }
 
-    /// [`Queue::discard_completed`] when the queue is configured to check fresh reads.
+    /// [`Queue::discard_completed`] when the queue is configured to check fresh reads and a
+    /// read returned an entry the enqueue script did not vet (a raw `XADD`): entries it added
+    /// were checked as they were added, so a read of only those costs no second round trip.
     pub(crate) async fn skip_completed(
         &self,
         fresh: Vec<Delivery>,
     ) -> Result<Vec<Delivery>, QueueError> {
-        if self.config.skip_completed_on_read && !fresh.is_empty() {
+        if self.config.skip_completed_on_read && fresh.iter().any(|d| !d.vetted) {
             Ok(self.discard_completed(fresh).await?.0)
         } else {
             Ok(fresh)

@@ -11,6 +11,10 @@ pub const GROUP: &str = "workers";
 /// Stream entry field that holds a job's JSON.
 pub const JOB_FIELD: &str = "job";
 
+/// Stream entry field set to `1` by the enqueue script, which added the entry only after finding
+/// neither a pending copy nor a live result of its id: a fresh read need not check it again.
+pub const VETTED_FIELD: &str = "vetted";
+
 /// Stream entry field that holds a result's JSON (results stream and `reply_to` streams).
 pub const RESULT_FIELD: &str = "result";
 

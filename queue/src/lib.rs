@@ -19,8 +19,9 @@
 //!    [`CancelWatcher`] feeding the local set of cancelled ids.
 //!
 //! Round trips on the hot path: one blocking XREADGROUP per read, plus one pipelined EXISTS
-//! for the entries it returned (see [`QueueConfig::skip_completed_on_read`]), plus one
-//! [`Queue::complete_many`] for all the jobs that finished together.
+//! when it returned entries added by a raw XADD rather than the enqueue script (see
+//! [`QueueConfig::skip_completed_on_read`]), plus one [`Queue::complete_many`] for all the
+//! jobs that finished together.
 
 #![forbid(unsafe_code)]
 

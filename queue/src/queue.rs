@@ -33,8 +33,9 @@ pub struct QueueConfig {
     pub max_job_bytes: usize,
     /// Whether [`Queue::read`] drops fresh entries whose id already has a result (a client
     /// XADDed a finished id again, bypassing the idempotent enqueue). Costs one pipelined
-    /// round trip per read that returned entries, shared by all of them; without it such a
-    /// job runs again and its second result is discarded (the first result wins).
+    /// round trip per read that returned an entry the enqueue script did not vet (its
+    /// `vetted` field), shared by all of them; without it such a job runs again and its
+    /// second result is discarded (the first result wins).
     pub skip_completed_on_read: bool,
 }
 

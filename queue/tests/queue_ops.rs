@@ -25,6 +25,7 @@ async fn enqueue_read_complete_stores_exactly_one_result() {
     assert_eq!(d.deliveries, 1);
     assert_eq!(d.queue, "default");
     assert_eq!(d.job.as_ref().unwrap().cmd.as_deref(), Some("echo hi"));
+    assert!(d.vetted, "the enqueue script vets what it adds");
 
     let r = ok_result(d, "hi\n", "w1");
     assert_eq!(q.complete(d, &r).await.unwrap(), Completion::Stored);
@@ -56,6 +57,47 @@ async fn enqueue_read_complete_stores_exactly_one_result() {
     let ttl: i64 = c.ttl(q.keys().done(&id)).await.unwrap();
     assert!(ttl > 86_000 && ttl <= 86_400, "done ttl {ttl}");
     assert!(q.read("w1", 10, 0).await.unwrap().is_empty());
+}
+
+/// Calls of `EXISTS` so far, scripts' inner calls included.
+async fn exists_calls(c: &mut redis::aio::ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(c)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_exists:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+#[tokio::test]
+async fn only_entries_the_enqueue_script_did_not_vet_are_checked_on_read() {
+    let (_srv, q) = server_and_queue(QueueConfig::default()).await;
+    let mut c = conn(&q).await;
+    for _ in 0..3 {
+        q.enqueue(&Job::shell("true")).await.unwrap();
+    }
+    let before = exists_calls(&mut c).await;
+    let got = q.read("w", 10, 0).await.unwrap();
+    assert_eq!(got.len(), 3);
+    assert!(got.iter().all(|d| d.vetted));
+    assert_eq!(
+        exists_calls(&mut c).await,
+        before,
+        "vetted entries are not checked"
+    );
+    // A raw XADD has nothing behind it: its id is checked for a result.
+    q.enqueue_raw(br#"{"cmd":"true"}"#).await.unwrap();
+    let got = q.read("w", 10, 0).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert!(!got[0].vetted);
+    assert_eq!(
+        exists_calls(&mut c).await,
+        before + 1,
+        "the raw entry is checked"
+    );
 }
 
 #[tokio::test]

@@ -4,10 +4,11 @@
 //!
 //! 1. the raw in-process engine: `/bin/true` runs per second with S runs at a time (the
 //!    baseline), and the latency of one run at a time;
-//! 2. end to end through an in-process node with S slots: N `/bin/true` jobs XADDed in
-//!    pipelined chunks, timed from the first XADD to the last stored result;
-//! 3. enqueue-to-result latency at light load: one job at a time, timed from before the XADD to
-//!    the result read back by a waiting client (`wait_result`);
+//! 2. end to end through an in-process node with S slots: N `/bin/true` jobs enqueued in
+//!    pipelined chunks through forkbox-queue's enqueue script, timed from the first enqueue to
+//!    the last stored result;
+//! 3. enqueue-to-result latency at light load: one job at a time, timed from before the
+//!    enqueue to the result read back by a waiting client (`wait_result`);
 //! 4. Redis cost per job during (2): round trips the node sent (counted by the node) and the
 //!    commands Redis executed (INFO commandstats deltas; script-internal calls included).
 //!
@@ -179,7 +180,7 @@ async fn measure(
         .await?;
     let trips_before = trips.get();
     let t = Instant::now();
-    let ids = xadd_all(&q, "tp", args.jobs).await?;
+    let ids = enqueue_all(&q, "tp", args.jobs).await?;
     wait_all(&q, &ids).await?;
     let queue_per_s = args.jobs as f64 / t.elapsed().as_secs_f64();
     let round_trips = (trips.get() - trips_before) as f64 / args.jobs as f64;
@@ -192,9 +193,8 @@ async fn measure(
             id: Some(format!("lat-{i}")),
             ..noop.clone()
         };
-        let payload = serde_json::to_string(&job)?;
         let t = Instant::now();
-        q.enqueue_raw(payload.as_bytes()).await?;
+        q.enqueue(&job).await?;
         let r = q
             .wait_result(&format!("lat-{i}"), Duration::from_secs(30))
             .await?
@@ -205,7 +205,7 @@ async fn measure(
     stop.raise(StopLevel::Drain);
     node_task.await??;
 
-    // Commands per job, without the benchmark's own (the XADDs are the enqueue, part of the
+    // Commands per job, without the benchmark's own (the enqueue script is part of the
     // protocol; the polls for completion are not).
     let per_job: BTreeMap<String, f64> = commands
         .into_iter()
@@ -233,35 +233,22 @@ async fn measure(
     })
 }
 
-/// XADDs `n` `/bin/true` jobs in pipelined chunks, in one batch whose `done` counter tells
-/// when all are finished.
-async fn xadd_all(q: &Queue, prefix: &str, n: usize) -> anyhow::Result<Vec<String>> {
-    let ids: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
-    let mut conn = q.broker().connection();
-    let _: () = redis::cmd("HSET")
-        .arg(q.keys().batch(prefix))
-        .arg("total")
-        .arg(n)
-        .query_async(&mut conn)
-        .await?;
-    for chunk in ids.chunks(200) {
-        let mut pipe = redis::pipe();
-        for id in chunk {
-            let job = Job {
-                id: Some(id.clone()),
-                batch: Some(prefix.to_owned()),
-                ..Job::argv(["/bin/true"])
-            };
-            pipe.cmd("XADD")
-                .arg(q.keys().jobs())
-                .arg("*")
-                .arg("job")
-                .arg(serde_json::to_string(&job)?)
-                .ignore();
-        }
-        let _: () = pipe.query_async(&mut conn).await?;
-    }
-    Ok(ids)
+/// Enqueues `n` `/bin/true` jobs through forkbox-queue's enqueue script, pipelined (what
+/// `forkbox submit`, `forkbox batch submit` and the load generator use), in one batch whose
+/// `done` counter tells when all are finished.
+async fn enqueue_all(q: &Queue, prefix: &str, n: usize) -> anyhow::Result<Vec<String>> {
+    let jobs: Vec<Job> = (0..n)
+        .map(|i| Job {
+            id: Some(format!("{prefix}-{i}")),
+            ..Job::argv(["/bin/true"])
+        })
+        .collect();
+    let added = q.enqueue_batch(&jobs, prefix).await?;
+    anyhow::ensure!(
+        added.iter().all(|e| e.new),
+        "a benchmark id was already taken"
+    );
+    Ok(added.into_iter().map(|e| e.id).collect())
 }
 
 async fn wait_all(q: &Queue, ids: &[String]) -> anyhow::Result<()> {
@@ -322,7 +309,7 @@ fn print_report(r: &QueueReport) {
     );
     println!(
         "{:<44} {:>10.0} {:>7.2}×  (target ≥ 0.60×: {})",
-        "queue: XADD → stored result, one node",
+        "queue: enqueue → stored result, one node",
         r.queue_per_s,
         r.queue_vs_raw,
         if r.target_throughput_met {
@@ -378,7 +365,7 @@ fn section(r: &QueueReport) -> serde_json::Value {
             format!("{:.2}", r.raw_engine_latency.p99_ms),
         ],
         vec![
-            "queue: XADD → stored result, one node".to_owned(),
+            "queue: enqueue → stored result, one node".to_owned(),
             format!("{:.0}", r.queue_per_s),
             format!("{:.2}×", r.queue_vs_raw),
             format!("{:.2}", r.queue_latency.p50_ms),

@@ -610,8 +610,10 @@ impl Shared {
             match self.set.read(&self.name, permits.len(), block).await {
                 Ok(ds) => {
                     // One XREADGROUP per queue, plus the pipelined result check when it
-                    // returned entries (exact for one queue, a lower bound for several).
-                    let checked = !ds.is_empty() && self.config.queue.skip_completed_on_read;
+                    // returned an entry the enqueue script did not vet (exact for one queue
+                    // unless that entry was a duplicate it dropped; a lower bound otherwise).
+                    let checked =
+                        self.config.queue.skip_completed_on_read && ds.iter().any(|d| !d.vetted);
                     self.trips
                         .add(self.set.queues().len() as u64 + u64::from(checked));
                     backoff.reset();
