@@ -377,7 +377,8 @@ fn section(r: &QueueReport) -> serde_json::Value {
         "order": 25,
         "title": "Queue overhead: one node against its own engine",
         "intro": format!(
-            "`forkbox bench queue --jobs {} --slots {}`: {} `/bin/true` jobs through a private \
+            "`forkbox bench queue --jobs {} --slots {}`: {} `/bin/true` jobs, enqueued with \
+             forkbox-queue's enqueue script as forkbox's own clients do, through a private \
              redis-server and an in-process node, against the same engine driven directly with \
              the same concurrency. Latency is one job at a time (light load).",
             r.jobs, r.slots, r.jobs
