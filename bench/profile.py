@@ -125,7 +125,9 @@ def main():
         if role == "sandbox":
             sandbox_entries[kernel_entry(frames) or "user space"] += period
 
-    us = lambda ns: round(ns / 1e3 / a.jobs, 1)  # noqa: E731
+    def us(ns):
+        return round(ns / 1e3 / a.jobs, 1)
+
     print(json.dumps({
         "jobs": a.jobs,
         "samples": len(trace.samples),

@@ -763,12 +763,13 @@ async fn read_capped(
     loop {
         let want = (limit - out.len()).min(64 * 1024);
         out.reserve(want);
+        // At most the cap so far (more returns below), so truncating keeps `before..` valid.
         let before = out.len();
         match (&mut rx).take(want as u64).read_buf(&mut out).await {
             Ok(0) | Err(_) => return (out, false),
             Ok(_) if out.len() > cap as usize => {
                 out.truncate(cap as usize);
-                forward(&out[before.min(out.len())..]);
+                forward(&out[before..]);
                 let _ = over.send(());
                 return (out, true);
             }

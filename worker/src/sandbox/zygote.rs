@@ -455,9 +455,10 @@ impl Zygote {
             | libc::CLONE_NEWUTS;
         // The sandbox's network namespace is not created by the clone: it is one of the pool's
         // (see `netns`), entered around the clone so the child starts in it.
-        let net = match self.cfg.net_per_sandbox {
-            true => Some(self.net.take()?),
-            false => None,
+        let net = if self.cfg.net_per_sandbox {
+            Some(self.net.take()?)
+        } else {
+            None
         };
         let cloned = match &net {
             Some(ns) => self.net.clone_into(ns, flags),
