@@ -172,7 +172,7 @@ pub fn limit_mechanisms(delegation: &Delegation) -> Vec<(&'static str, String)> 
         ("open files", "RLIMIT_NOFILE".into()),
         (
             "disk",
-            "size-capped tmpfs for /tmp, the work dir, /dev/shm and an image's overlay upper layer"
+            "one size-capped tmpfs for /tmp, the work dir, /dev and an image's overlay upper layer"
                 .into(),
         ),
     ]

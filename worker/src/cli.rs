@@ -90,7 +90,8 @@ pub struct JobArgs {
     /// Cap on stdout and on stderr, each, in bytes [default: 1048576].
     #[arg(long)]
     pub output_bytes: Option<u64>,
-    /// Size of /tmp and of the working directory, each, in MiB [default: 64].
+    /// Disk for all the job writes: /tmp, the working directory and /dev/shm together, in MiB
+    /// [default: 64].
     #[arg(long)]
     pub disk_mb: Option<u64>,
     /// Largest file the job may write, in MiB.

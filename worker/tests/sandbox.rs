@@ -516,6 +516,31 @@ fn disk_cap_gives_enospc() {
     }
 }
 
+/// `/tmp`, the working directory and `/dev/shm` draw on one budget: what a job writes to one
+/// leaves that much less for the others, with the node's default size and with a job's own.
+#[test]
+fn disk_cap_is_one_budget_for_every_writable_directory() {
+    for who in identities() {
+        for (opts, mb) in [(&["--disk-mb", "8"][..], 5), (&[][..], 40)] {
+            let ran = run_json(
+                who,
+                opts,
+                &format!(
+                    "for d in /tmp /work /dev/shm; do \
+                       if dd if=/dev/zero of=$d/fill bs=1M count={mb} 2>/dev/null; \
+                       then echo \"$d ok\"; else echo \"$d full\"; fi; done"
+                ),
+            );
+            assert_eq!(
+                ran.stdout(),
+                "/tmp ok\n/work full\n/dev/shm full\n",
+                "{who:?} {opts:?}: {}",
+                ran.stderr
+            );
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Behaviour
 

@@ -133,9 +133,7 @@ struct Resized {
 fn supervise(launcher: Pid, handoff: OwnedFd, setup_r: OwnedFd, cfg: &ZygoteConfig) -> ! {
     let received = wire::recv::<Handoff>(handoff.as_fd()).ok().flatten();
     if let Some(mb) = received.as_ref().and_then(|r| r.message.resize_disk_mb) {
-        let error = rootfs::resize(&cfg.work_dir, mb)
-            .err()
-            .map(|e| e.to_string());
+        let error = rootfs::resize(mb).err().map(|e| e.to_string());
         let _ = wire::send(handoff.as_fd(), &Resized { error }, &[]);
     }
     let (exit_code, signal) = reap(launcher);
@@ -291,7 +289,7 @@ fn launch(
                 message: Resized { error: Some(e) },
                 ..
             })) => abort_job(&fds.exec_notify, &e),
-            _ => abort_job(&fds.exec_notify, "resize tmpfs: the init did not answer"),
+            _ => abort_job(&fds.exec_notify, "resize the disk: the init did not answer"),
         }
     }
     let work = Path::new(&cfg.work_dir);

@@ -1,16 +1,22 @@
 //! The sandbox's root filesystem, assembled by each init inside its own mount namespace.
 //!
 //! Host directories are never exposed writable: each allowlisted directory is a read-only bind
-//! mount on a root tmpfs that is itself remounted read-only, and the job writes only to its
-//! size-capped tmpfs mounts (`/tmp`, the working directory, `/dev/shm`). An unpacked image
-//! (`--rootfs`) is instead the lower layer of an overlay with a tmpfs upper layer, so the job may
-//! change it in RAM. The old root is detached after `pivot_root`, so nothing of the host outside
-//! the allowlist (`/home`, `/root`, `/run`, `/var`, `/srv`, ...) is reachable.
+//! mount on a root tmpfs whose own mount is read-only, and the job writes only to `/tmp`, the
+//! working directory and `/dev` (with `/dev/shm`). Those are directories of one size-capped
+//! tmpfs, the sandbox's *disk*, each bind-mounted writable, so `disk_mb` bounds everything a job
+//! can write, together: RAM a job fills through files is not counted by `RLIMIT_AS`, so
+//! separate caps per directory would have let it hold several times its disk size. Without an
+//! image, the disk is the root tmpfs itself. An unpacked image (`--rootfs`) is instead the lower
+//! layer of an overlay whose upper layer lives on the disk, so the job may change it in RAM. The
+//! old root is detached after `pivot_root`, so nothing of the host outside the allowlist
+//! (`/home`, `/root`, `/run`, `/var`, `/srv`, ...) is reachable.
 //!
 //! Read-only binds rather than overlays for the host directories: a job's root maps to a host
 //! user that owns none of them, so an overlay's writable upper layer would only ever have turned
 //! writes away with EACCES instead of EROFS, while costing two mounts per directory, slower path
-//! lookups, and an RCU grace period per overlay when the sandbox is torn down.
+//! lookups, and an RCU grace period per overlay when the sandbox is torn down. Bind mounts of
+//! one tmpfs rather than a tmpfs each: every superblock costs its creation, its shrinker and
+//! memory-cgroup bookkeeping, and its tear-down, once per sandbox.
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
@@ -89,35 +95,32 @@ pub fn enter(plan: &RootPlan<'_>) -> Result<(), SetupError> {
     )
     .map_err(fail("make-rprivate", Path::new("/")))?;
     let root = plan.staging.join("root");
-    match plan.source {
+    let disk_size = format!("size={}m", plan.disk_mb);
+    // The directory holding the job's writable directories: the root tmpfs itself, or, with an
+    // image, the tmpfs that also holds the overlay's upper layer.
+    let disk = match plan.source {
         RootSource::Allowlist(dirs) => {
-            tmpfs(&root, "size=1m,mode=0755")?;
+            tmpfs(&root, &format!("{disk_size},mode=0755"))?;
             for dir in dirs {
                 expose(dir, &root)?;
             }
+            root.clone()
         }
         RootSource::Image(image) => {
             let layers = plan.staging.join("layers");
-            tmpfs(&layers, &format!("size={}m,mode=0700", plan.disk_mb))?;
-            overlay(image, &root, &layers.join("image"))?
+            tmpfs(&layers, &format!("{disk_size},mode=0700"))?;
+            overlay(image, &root, &layers.join("image"))?;
+            layers.join("rw")
         }
-    }
-    let work = root.join(plan.work_dir.trim_start_matches('/'));
-    for dir in [
-        root.join("dev"),
-        root.join("proc"),
-        root.join("tmp"),
-        work.clone(),
-        root.join(OLD_ROOT),
-    ] {
+    };
+    let work = plan.work_dir.trim_start_matches('/');
+    for dir in ["dev", "proc", "tmp", work, OLD_ROOT] {
+        let dir = root.join(dir);
         fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     }
-    populate_dev(&root.join("dev"), plan.disk_mb)?;
-    tmpfs(
-        &root.join("tmp"),
-        &format!("size={}m,mode=1777", plan.disk_mb),
-    )?;
-    tmpfs(&work, &format!("size={}m,mode=0755", plan.disk_mb))?;
+    populate_dev(&writable(&root, &disk, "dev", 0o755)?)?;
+    writable(&root, &disk, "tmp", 0o1777)?;
+    writable(&root, &disk, work, 0o755)?;
     // proc must be mounted while the host's proc is still visible in this namespace (the
     // kernel refuses a proc mount that would reveal more than an existing one).
     let proc = root.join("proc");
@@ -136,12 +139,31 @@ pub fn enter(plan: &RootPlan<'_>) -> Result<(), SetupError> {
     umount2(&old, MntFlags::MNT_DETACH).map_err(fail("detach old root", &old))?;
     fs::remove_dir(&old).map_err(io_fail("rmdir", &old))?;
     if matches!(plan.source, RootSource::Allowlist(_)) {
-        // The root tmpfs only holds mount points and symlinks; nothing needs to write there.
+        // The root's own mount holds only mount points and symlinks: read-only. The writable
+        // directories are mounts of their own and stay writable.
         let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
         mount(None::<&str>, "/", None::<&str>, flags, None::<&str>)
             .map_err(fail("remount root read-only", Path::new("/")))?;
     }
     Ok(())
+}
+
+/// Makes `disk/rel` (mode `mode`) and binds it writable on `root/rel`; returns the latter.
+/// Without an image the disk is the root, so the directory is bound on itself: it becomes a
+/// mount of its own, which stays writable when the root's mount turns read-only.
+fn writable(root: &Path, disk: &Path, rel: &str, mode: u32) -> Result<PathBuf, SetupError> {
+    let (dir, target) = (disk.join(rel), root.join(rel));
+    fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).map_err(io_fail("chmod", &dir))?;
+    mount(
+        Some(&dir),
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(fail("bind", &target))?;
+    Ok(target)
 }
 
 /// Exposes one host directory (or recreates one host symlink) under `root`.
@@ -210,8 +232,7 @@ fn read_only_bind(dir: &Path, target: &Path) -> Result<(), SetupError> {
         .map_err(fail("remount read-only", target))
 }
 
-fn populate_dev(dev: &Path, disk_mb: u64) -> Result<(), SetupError> {
-    tmpfs(dev, "size=64k,mode=0755")?;
+fn populate_dev(dev: &Path) -> Result<(), SetupError> {
     for name in DEVICES {
         let (host, node) = (Path::new("/dev").join(name), dev.join(name));
         fs::File::create(&node).map_err(io_fail("create", &node))?;
@@ -236,23 +257,20 @@ fn populate_dev(dev: &Path, disk_mb: u64) -> Result<(), SetupError> {
     // POSIX semaphores and shared memory (Python's multiprocessing) live in /dev/shm.
     let shm = dev.join("shm");
     fs::create_dir(&shm).map_err(io_fail("mkdir", &shm))?;
-    fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777))
-        .map_err(io_fail("chmod", &shm))?;
-    tmpfs(&shm, &format!("size={}m,mode=1777", disk_mb))
+    fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777)).map_err(io_fail("chmod", &shm))
 }
 
-/// Resizes the job's writable tmpfs mounts (after the pivot).
-pub fn resize(work_dir: &str, disk_mb: u64) -> Result<(), SetupError> {
-    for target in ["/tmp", work_dir, "/dev/shm"] {
-        let options = format!("size={disk_mb}m");
-        mount(
-            None::<&str>,
-            target,
-            None::<&str>,
-            MsFlags::MS_REMOUNT | NOSUID_NODEV,
-            Some(options.as_str()),
-        )
-        .map_err(fail("resize tmpfs", Path::new(target)))?;
-    }
-    Ok(())
+/// Resizes the job's disk (after the pivot). `/tmp` is a mount of the disk's superblock, so
+/// remounting it (not as a bind) changes the size for every writable directory at once.
+pub fn resize(disk_mb: u64) -> Result<(), SetupError> {
+    let options = format!("size={disk_mb}m");
+    let target = Path::new("/tmp");
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_REMOUNT | NOSUID_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(fail("resize the disk", target))
 }
