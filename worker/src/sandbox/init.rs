@@ -54,18 +54,45 @@ pub fn parse_exec_note(bytes: &[u8]) -> Result<i64, String> {
 
 /// Runs the init; never returns.
 pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
-    let code = match serve(&sock, cfg, hardening) {
-        Ok(()) => 0,
+    match serve(&sock, cfg) {
         Err(error) => {
             // The zygote relays this as the reason the job did not run.
             let _ = wire::send(sock.as_fd(), &FromInit::SetupFailed { error }, &[]);
-            1
+            sys::exit_now(1)
         }
-    };
-    sys::exit_now(code)
+        Ok(Prepared {
+            launcher: Forked::Child,
+            handoff,
+            setup,
+        }) => {
+            let ((setup_r, setup_w), (handoff_init, handoff_launcher)) = (setup, handoff);
+            drop((setup_r, handoff_init));
+            launch(&sock, &handoff_launcher, &setup_w, cfg, hardening)
+        }
+        Ok(Prepared {
+            launcher: Forked::Parent { pid, .. },
+            handoff,
+            setup,
+        }) => {
+            // The job channel is the launcher's alone: when it dies, whoever sends it a job
+            // sees the channel closed at once, instead of a message nobody will read.
+            let ((setup_r, setup_w), (handoff_init, handoff_launcher)) = (setup, handoff);
+            drop((sock, setup_w, handoff_launcher));
+            supervise(pid, handoff_init, setup_r, cfg)
+        }
+    }
 }
 
-fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<(), String> {
+/// The sandbox built, and the launcher forked, on either side of that fork.
+struct Prepared {
+    launcher: Forked,
+    /// The init's and the launcher's ends of the channel the job's report is handed over on.
+    handoff: (OwnedFd, OwnedFd),
+    /// The pipe the launcher reports a failed isolation step (or its exec time) through.
+    setup: (OwnedFd, OwnedFd),
+}
+
+fn serve(sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Prepared, String> {
     // The zygote may run at a raised priority; the sandbox must not inherit it.
     sys::set_nice(0).map_err(|e| format!("reset priority: {e}"))?;
     // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).
@@ -91,25 +118,19 @@ fn serve(sock: &OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> Result<()
     };
     rootfs::enter(&plan).map_err(|e| e.to_string())?;
 
-    // The launcher is forked now, while no job waits: it receives the job straight from the
-    // zygote and becomes the program, so a spawn costs no fork. It reports a failed isolation
-    // step (or its exec time) through `setup`, and hands the init what it needs for the
-    // report through `handoff`.
-    let (setup_r, setup_w) =
+    // The launcher is forked now, while no job waits: it receives the job (from the engine, or
+    // from the zygote) and becomes the program, so a spawn costs no fork. It reports a failed
+    // isolation step (or its exec time) through `setup`, and hands the init what it needs for
+    // the report through `handoff`.
+    let setup =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-    let (handoff_init, handoff_launcher) =
-        wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
-    let launcher = match sys::fork_single_threaded() {
-        Err(e) => return Err(format!("fork launcher: {e}")),
-        Ok(Forked::Child) => {
-            drop((setup_r, handoff_init));
-            launch(sock, &handoff_launcher, &setup_w, cfg, hardening)
-        }
-        Ok(Forked::Parent { pid, .. }) => pid,
-    };
-    drop((setup_w, handoff_launcher));
-    // The init keeps its copy of the job channel but never reads it: the launcher does.
-    supervise(launcher, handoff_init, setup_r, cfg)
+    let handoff = wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
+    let launcher = sys::fork_single_threaded().map_err(|e| format!("fork launcher: {e}"))?;
+    Ok(Prepared {
+        launcher,
+        handoff,
+        setup,
+    })
 }
 
 /// What the launcher hands the init once it has its job.

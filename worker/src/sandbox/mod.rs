@@ -16,9 +16,9 @@ pub mod sys;
 pub mod wire;
 pub mod zygote;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::{Seek, Write};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,7 +30,7 @@ use nix::unistd::Uid;
 use tokio::io::AsyncReadExt;
 use tokio::sync::{mpsc, Semaphore};
 
-use wire::{Exit, FromZygote, Payload, Report, RootSource, ToZygote, ZygoteConfig};
+use wire::{Exit, FromZygote, Payload, Report, RootSource, ToInit, ToZygote, ZygoteConfig};
 
 /// Host directories exposed by default (those that exist).
 pub const DEFAULT_ALLOWLIST: &[&str] = &[
@@ -144,10 +144,13 @@ pub struct Mechanisms {
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<FromZygote>>>>;
+/// Ready sandboxes the zygote gave the engine: id and job channel to the launcher.
+type Launchers = Arc<Mutex<VecDeque<(u64, OwnedFd)>>>;
 
 struct Inner {
     control: OwnedFd,
     waiters: Waiters,
+    launchers: Launchers,
     alive: Arc<AtomicBool>,
     next_req: AtomicU64,
     slots: Semaphore,
@@ -257,16 +260,18 @@ impl Engine {
         };
 
         let waiters: Waiters = Arc::default();
+        let launchers: Launchers = Arc::default();
         let alive = Arc::new(AtomicBool::new(true));
         let reader = ours.try_clone().map_err(|e| {
             EngineError::Channel(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0)))
         })?;
-        spawn_event_reader(reader, waiters.clone(), alive.clone());
+        spawn_event_reader(reader, waiters.clone(), launchers.clone(), alive.clone());
         let slots = Semaphore::new(config.slots);
         Ok(Engine {
             inner: Arc::new(Inner {
                 control: ours,
                 waiters,
+                launchers,
                 alive,
                 next_req: AtomicU64::new(1),
                 slots,
@@ -360,13 +365,6 @@ impl Engine {
         let (stderr_r, stderr_w) = pipe()?;
         let (report_r, report_w) = pipe()?;
 
-        let req = inner.next_req.fetch_add(1, Ordering::Relaxed);
-        let (tx, mut events) = mpsc::unbounded_channel();
-        inner.waiters.lock().expect("waiters lock").insert(req, tx);
-        let _unregister = Unregister {
-            waiters: &inner.waiters,
-            req,
-        };
         let requested_ns = mono_ns();
         let fds = [
             payload_fd.as_fd(),
@@ -375,15 +373,11 @@ impl Engine {
             stderr_w.as_fd(),
             report_w.as_fd(),
         ];
-        wire::send(
-            inner.control.as_fd(),
-            &ToZygote::Spawn {
-                req,
-                timeout_ms: job.timeout_ms(),
-            },
-            &fds,
-        )
-        .map_err(|e| format!("sending the job to the zygote: {e}"))?;
+        let (req, mut events) = self.hand_over(job.timeout_ms(), fds)?;
+        let _unregister = Unregister {
+            waiters: &inner.waiters,
+            req,
+        };
         drop((payload_fd, stdin_fd, stdout_w, stderr_w, report_w));
         // From here on, a dropped future must not leave the sandbox running.
         let mut kill_guard = KillGuard {
@@ -573,6 +567,70 @@ impl Engine {
             outcome.error = Some("the sandbox init died without a report".into());
         }
         Ok(outcome)
+    }
+
+    /// Gives a job's descriptors (payload, stdin, stdout, stderr, report) to a sandbox and
+    /// registers for its events. A ready launcher the zygote gave the engine gets them
+    /// directly, which saves the spawn a wake-up of the zygote; the zygote is told first (with
+    /// the exec-notify pipe for its watchdog). Without one, the zygote queues the job for its
+    /// next ready sandbox.
+    fn hand_over(
+        &self,
+        timeout_ms: u64,
+        fds: [BorrowedFd<'_>; 5],
+    ) -> Result<(u64, mpsc::UnboundedReceiver<FromZygote>), String> {
+        let inner = &self.inner;
+        loop {
+            let req = inner.next_req.fetch_add(1, Ordering::Relaxed);
+            let (tx, events) = mpsc::unbounded_channel();
+            inner.waiters.lock().expect("waiters lock").insert(req, tx);
+            let unregister = || {
+                inner.waiters.lock().expect("waiters lock").remove(&req);
+            };
+            let launcher = inner.launchers.lock().expect("launchers lock").pop_front();
+            let Some((sandbox, launcher)) = launcher else {
+                let spawn = ToZygote::Spawn { req, timeout_ms };
+                if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
+                    unregister();
+                    return Err(format!("sending the job to the zygote: {e}"));
+                }
+                return Ok((req, events));
+            };
+            let (notify_r, notify_w) = match pipe() {
+                Ok(p) => p,
+                Err(e) => {
+                    unregister();
+                    inner
+                        .launchers
+                        .lock()
+                        .expect("launchers lock")
+                        .push_front((sandbox, launcher));
+                    return Err(e);
+                }
+            };
+            let started = ToZygote::Started {
+                req,
+                sandbox,
+                timeout_ms,
+            };
+            if let Err(e) = wire::send(inner.control.as_fd(), &started, &[notify_r.as_fd()]) {
+                unregister();
+                return Err(format!("telling the zygote about the job: {e}"));
+            }
+            drop(notify_r);
+            let run = ToInit::Run {
+                wait_for_release: false,
+            };
+            let mut with_notify = fds.to_vec();
+            with_notify.push(notify_w.as_fd());
+            if wire::send(launcher.as_fd(), &run, &with_notify).is_ok() {
+                return Ok((req, events));
+            }
+            // That sandbox ended while ready: the zygote reports it under this request, which
+            // nobody waits for any more. Try the next one.
+            unregister();
+            self.send(ToZygote::Kill { req });
+        }
     }
 
     fn send(&self, msg: ToZygote) {
@@ -788,12 +846,17 @@ async fn read_all(fd: OwnedFd, max: u64) -> Vec<u8> {
 }
 
 /// Routes zygote events to the runs waiting for them.
-fn spawn_event_reader(sock: OwnedFd, waiters: Waiters, alive: Arc<AtomicBool>) {
+fn spawn_event_reader(
+    sock: OwnedFd,
+    waiters: Waiters,
+    launchers: Launchers,
+    alive: Arc<AtomicBool>,
+) {
     std::thread::Builder::new()
         .name("forkbox-zygote-events".into())
         .spawn(move || loop {
-            let msg = match wire::recv::<FromZygote>(sock.as_fd()) {
-                Ok(Some(m)) => m.message,
+            let (msg, fds) = match wire::recv::<FromZygote>(sock.as_fd()) {
+                Ok(Some(m)) => (m.message, m.fds),
                 Ok(None) | Err(_) => {
                     let unexpected = alive.swap(false, Ordering::AcqRel);
                     // Dropping the senders wakes every waiting run with "zygote died".
@@ -809,6 +872,22 @@ fn spawn_event_reader(sock: OwnedFd, waiters: Waiters, alive: Arc<AtomicBool>) {
             let req = match &msg {
                 FromZygote::Assigned { req, .. } => *req,
                 FromZygote::Exited(e) => e.req,
+                FromZygote::Launcher { sandbox } => {
+                    if let Some(fd) = fds.into_iter().next() {
+                        launchers
+                            .lock()
+                            .expect("launchers lock")
+                            .push_back((*sandbox, fd));
+                    }
+                    continue;
+                }
+                FromZygote::LauncherGone { sandbox } => {
+                    launchers
+                        .lock()
+                        .expect("launchers lock")
+                        .retain(|(id, _)| id != sandbox);
+                    continue;
+                }
                 _ => continue,
             };
             if let Some(tx) = waiters.lock().expect("waiters lock").get(&req) {

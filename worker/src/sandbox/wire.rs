@@ -25,7 +25,7 @@ const MAX_FDS: usize = 8;
 /// Where the sandbox root comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RootSource {
-    /// Host directories exposed through overlayfs at the same path (symlinks are recreated).
+    /// Host directories exposed read-only at the same path (symlinks are recreated).
     Allowlist(Vec<PathBuf>),
     /// An unpacked root filesystem used as the single lower layer.
     Image(PathBuf),
@@ -55,6 +55,15 @@ pub enum ToZygote {
     MapsWritten,
     /// Run a job. Carries [payload, stdin, stdout, stderr, report] descriptors.
     Spawn { req: u64, timeout_ms: u64 },
+    /// The engine is handing job `req` to the launcher of `sandbox` itself (see
+    /// [`FromZygote::Launcher`]). Carries the read end of the job's exec-notify pipe. Sent
+    /// before the job goes to the launcher, so the zygote knows the sandbox is taken, and
+    /// watches for its exec, before its program can start.
+    Started {
+        req: u64,
+        sandbox: u64,
+        timeout_ms: u64,
+    },
     /// Kill a job's sandbox now (output cap, cancellation).
     Kill { req: u64 },
     /// The init of `req` was placed into its cgroup and may start the program.
@@ -75,6 +84,11 @@ pub enum FromZygote {
     Assigned { req: u64, pids: Vec<i32> },
     /// The sandbox is gone.
     Exited(Exit),
+    /// A ready sandbox the engine may hand a job to itself. Carries the job channel to its
+    /// launcher, over which the engine sends [`ToInit::Run`] after [`ToZygote::Started`].
+    Launcher { sandbox: u64 },
+    /// A sandbox given to the engine ended before it got a job.
+    LauncherGone { sandbox: u64 },
 }
 
 /// How a sandbox ended, as seen from the zygote.
@@ -93,7 +107,7 @@ pub struct Exit {
     pub error: Option<String>,
 }
 
-/// Zygote → init.
+/// Zygote → init; `Run` and `Release` go to the launcher, from the zygote or the engine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToInit {
     MapsWritten,
@@ -179,6 +193,12 @@ pub fn send<T: Serialize>(
             Ok(_) => return Ok(()),
         }
     }
+}
+
+/// Whether a message (or the peer's close) is waiting on `sock`, without blocking.
+pub fn has_message(sock: BorrowedFd<'_>) -> bool {
+    let mut fds = [nix::poll::PollFd::new(sock, nix::poll::PollFlags::POLLIN)];
+    matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
 /// Receives one message; `Ok(None)` when the peer has closed.

@@ -130,11 +130,16 @@ enum Source {
 #[derive(Debug, PartialEq, Eq)]
 enum Phase {
     Warming,
+    /// Ready, in the zygote's queue.
     Ready,
+    /// Ready, given to the engine, which hands it a job itself.
+    Handed,
     Running,
 }
 
 struct Sandbox {
+    /// Names the sandbox to the engine: unlike the pid, never reused.
+    id: u64,
     pid: Pid,
     pidfd: OwnedFd,
     sock: OwnedFd,
@@ -168,6 +173,7 @@ struct Zygote {
     next_token: u64,
     sandboxes: HashMap<i32, Sandbox>,
     ready: VecDeque<i32>,
+    next_id: u64,
     by_req: HashMap<u64, i32>,
     pending: VecDeque<Request>,
     /// Network namespaces for the sandboxes (with `net_per_sandbox`).
@@ -198,6 +204,7 @@ impl Zygote {
             next_token: 1,
             sandboxes: HashMap::new(),
             ready: VecDeque::new(),
+            next_id: 1,
             by_req: HashMap::new(),
             pending: VecDeque::new(),
             net,
@@ -242,11 +249,17 @@ impl Zygote {
                 }
             };
             // Deadlines first: a kill must never wait behind other work of the same wake-up.
+            // Then the engine's messages: a sandbox the engine took is announced there before
+            // its job starts, so that must be known before the sandbox's exit is handled.
             let mut ready: Vec<Source> = events[..n]
                 .iter()
                 .filter_map(|e| self.tokens.get(&e.data()).copied())
                 .collect();
-            ready.sort_by_key(|s| !matches!(s, Source::Deadline(_)));
+            ready.sort_by_key(|s| match s {
+                Source::Deadline(_) => 0,
+                Source::Control => 1,
+                _ => 2,
+            });
             for source in ready {
                 match source {
                     Source::Control => {
@@ -272,8 +285,20 @@ impl Zygote {
         }
     }
 
-    /// Handles one engine message; false when the engine is gone.
+    /// Handles every message the engine has queued; false when the engine is gone.
     fn on_control(&mut self) -> bool {
+        loop {
+            if !self.on_control_message() {
+                return false;
+            }
+            if !wire::has_message(self.control.as_fd()) {
+                return true;
+            }
+        }
+    }
+
+    /// Handles one engine message; false when the engine is gone.
+    fn on_control_message(&mut self) -> bool {
         let msg = match wire::recv::<ToZygote>(self.control.as_fd()) {
             Ok(Some(m)) => m,
             Ok(None) => return false,
@@ -291,6 +316,11 @@ impl Zygote {
                     fds: msg.fds,
                 });
             }
+            ToZygote::Started {
+                req,
+                sandbox,
+                timeout_ms,
+            } => self.on_started(req, sandbox, timeout_ms, msg.fds),
             ToZygote::Kill { req } => {
                 if let Some(pos) = self.pending.iter().position(|r| r.req == req) {
                     self.pending.remove(pos);
@@ -327,7 +357,55 @@ impl Zygote {
         let _ = wire::send(self.control.as_fd(), &FromZygote::Exited(exit), &[]);
     }
 
-    /// Hands pending jobs to ready sandboxes.
+    /// The engine handed job `req` to a sandbox it was given: from now on it runs, and the
+    /// exec-notify pipe in `fds` arms its watchdog.
+    fn on_started(&mut self, req: u64, sandbox: u64, timeout_ms: u64, fds: Vec<OwnedFd>) {
+        let found = self
+            .sandboxes
+            .iter()
+            .find(|(_, sb)| sb.id == sandbox && sb.phase == Phase::Handed)
+            .map(|(pid, _)| *pid);
+        let (Some(pid), Some(notify_r)) = (found, fds.into_iter().next()) else {
+            // It ended meanwhile (its end was reported as `LauncherGone`); the engine sees its
+            // job channel closed too.
+            self.report(Exit {
+                req,
+                exit_ns: mono_ns(),
+                error: Some("the sandbox ended before its job started".into()),
+                ..Exit::default()
+            });
+            return;
+        };
+        let sb = self.sandboxes.get_mut(&pid).expect("found above");
+        sb.phase = Phase::Running;
+        sb.req = req;
+        sb.timeout_ms = timeout_ms;
+        sb.exit.req = req;
+        let raw = notify_r.as_raw_fd();
+        sb.exec_notify = Some(notify_r);
+        self.by_req.insert(req, pid);
+        self.watch(raw, Source::ExecNotify(pid));
+    }
+
+    /// Gives a ready sandbox to the engine, which then hands it a job without a trip through
+    /// the zygote. Kept here instead while jobs wait in the zygote's own queue, and with the
+    /// cgroup handshake, which the zygote mediates.
+    fn hand_to_engine(&mut self, pid: i32) -> bool {
+        if self.cfg.cgroup_handshake || !self.pending.is_empty() {
+            return false;
+        }
+        let Some(sb) = self.sandboxes.get_mut(&pid) else {
+            return false;
+        };
+        let launcher = FromZygote::Launcher { sandbox: sb.id };
+        if wire::send(self.control.as_fd(), &launcher, &[sb.sock.as_fd()]).is_err() {
+            return false;
+        }
+        sb.phase = Phase::Handed;
+        true
+    }
+
+    /// Hands pending jobs to ready sandboxes, then the sandboxes still ready to the engine.
     fn dispatch(&mut self) {
         while !self.pending.is_empty() {
             let Some(pid) = self.ready.pop_front() else {
@@ -387,6 +465,12 @@ impl Zygote {
                 );
             }
         }
+        // No job waits here any more: what is left ready goes to the engine.
+        for pid in std::mem::take(&mut self.ready) {
+            if !self.hand_to_engine(pid) {
+                self.ready.push_back(pid);
+            }
+        }
     }
 
     /// Records a sandbox that could not be built and fails the oldest waiting job with the
@@ -405,21 +489,31 @@ impl Zygote {
         true
     }
 
-    /// Keeps `pool` sandboxes built or being built.
+    /// Keeps `pool` sandboxes built or being built, and one being built for every job waiting
+    /// in the zygote's own queue.
     ///
     /// Building a sandbox (mounts, namespace set-up, the expedited RCU grace periods they
     /// trigger) disturbs whatever runs on the other cores. So while jobs run and the ready
     /// sandboxes already cover every slot still free (the engine never runs more than
     /// `pool - 1` jobs at once), building waits until a job is over or a spare is taken: a
     /// short job then runs undisturbed, and any request the slots allow still finds a sandbox.
+    ///
+    /// Sandboxes given to the engine count as spares, but not for a job waiting here: the
+    /// engine sent it here because it had none at that moment, and only the engine can use
+    /// them, so counting them could leave the job waiting for ever.
     fn replenish(&mut self) {
         let running = self
             .sandboxes
             .values()
             .filter(|s| s.phase == Phase::Running)
             .count();
+        let handed = self
+            .sandboxes
+            .values()
+            .filter(|s| s.phase == Phase::Handed)
+            .count();
         let free_slots = (self.cfg.pool - 1).saturating_sub(running).max(1);
-        if running > 0 && self.ready.len() >= free_slots {
+        if self.pending.is_empty() && running > 0 && self.ready.len() + handed >= free_slots {
             return;
         }
         loop {
@@ -428,13 +522,13 @@ impl Zygote {
                 .values()
                 .filter(|s| s.phase == Phase::Warming)
                 .count();
-            let spare = self.ready.len() + warming;
-            let wanted = if self.broken.is_some() {
-                self.pending.len().min(1)
+            let own = self.ready.len() + warming;
+            let enough = if self.broken.is_some() {
+                own >= self.pending.len().min(1)
             } else {
-                self.cfg.pool
+                own + handed >= self.cfg.pool && own >= self.pending.len()
             };
-            if spare >= wanted {
+            if enough {
                 return;
             }
             if let Err(error) = self.clone_sandbox() {
@@ -499,9 +593,12 @@ impl Zygote {
         }
         let raw = pid.as_raw();
         let (sock_fd, pidfd_fd) = (ours.as_raw_fd(), pidfd.as_raw_fd());
+        let id = self.next_id;
+        self.next_id += 1;
         self.sandboxes.insert(
             raw,
             Sandbox {
+                id,
                 pid,
                 pidfd,
                 sock: ours,
@@ -547,8 +644,10 @@ impl Zygote {
                 // Ready comes from the launcher, the process that becomes the program.
                 sb.launcher = sender_pid;
                 sb.phase = Phase::Ready;
-                self.ready.push_back(pid);
                 self.broken = None;
+                if !self.hand_to_engine(pid) {
+                    self.ready.push_back(pid);
+                }
             }
             Ok(Some(wire::Received {
                 message: FromInit::SetupFailed { error },
@@ -635,11 +734,17 @@ impl Zygote {
         let Some(sb) = self.sandboxes.get(&pid) else {
             return;
         };
+        let handed = sb.phase == Phase::Handed;
         let usage = match sys::wait4_nohang(sb.pid) {
             Ok(Some((_, usage))) => usage,
             Ok(None) => return,
             Err(_) => sys::Usage::default(),
         };
+        if handed && wire::has_message(self.control.as_fd()) {
+            // The engine may have taken it, and its job run to the end, before the message
+            // saying so was read: read it now (a closed channel is seen again by the loop).
+            let _ = self.on_control();
+        }
         let mut sb = self.sandboxes.remove(&pid).expect("present above");
         for (fd, source) in [
             (Some(sb.pidfd.as_raw_fd()), Source::Exit(pid)),
@@ -683,7 +788,11 @@ impl Zygote {
                 }
                 self.report(exit);
             }
-            Phase::Warming | Phase::Ready => {
+            Phase::Warming | Phase::Ready | Phase::Handed => {
+                if sb.phase == Phase::Handed {
+                    let gone = FromZygote::LauncherGone { sandbox: sb.id };
+                    let _ = wire::send(self.control.as_fd(), &gone, &[]);
+                }
                 // A sandbox that died before its job: fail closed, and say why.
                 let error = sb
                     .setup_error
