@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use forkbox::sandbox::{seccomp::DENIED, Engine, EngineConfig};
+use forkbox::sandbox::cgroup::Delegation;
+use forkbox::sandbox::{seccomp::DENIED, CgroupSource, Engine, EngineConfig};
 use forkbox_queue::schema::{FileData, Job, Limits, Status};
 use serde_json::Value;
 
@@ -724,6 +725,103 @@ async fn two_hundred_sandboxes_eight_at_a_time_keep_their_outputs_apart() {
         seen.insert(i);
     }
     assert_eq!(seen.len(), 200);
+}
+
+/// The cgroup path, on a fake cgroupfs tree: this host mounts cgroup v2 without delegating its
+/// controllers to us, so a directory of plain files stands in for the node's cgroup. A job's
+/// init and launcher (the process that becomes the program) are written to a cgroup of its
+/// own, created with the job's limits before the job is handed over; an OOM kill the cgroup
+/// reports becomes `memory_limit`; the cgroup is removed after the job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_placed_in_a_cgroup_of_their_own_on_a_fake_tree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mount = tmp.path().join("cgroup");
+    let node = mount.join("forkbox.service");
+    std::fs::create_dir_all(&node).unwrap();
+    std::fs::write(node.join("cgroup.controllers"), "cpu io memory pids").unwrap();
+    std::fs::write(node.join("cgroup.subtree_control"), "").unwrap();
+    let mountinfo = tmp.path().join("mountinfo");
+    std::fs::write(
+        &mountinfo,
+        format!(
+            "35 22 0:30 / {} rw,nosuid - cgroup2 cgroup2 rw\n",
+            mount.display()
+        ),
+    )
+    .unwrap();
+    let self_cgroup = tmp.path().join("self_cgroup");
+    std::fs::write(&self_cgroup, "0::/forkbox.service\n").unwrap();
+    let engine = tokio::task::spawn_blocking(move || {
+        Engine::start(EngineConfig {
+            zygote_exe: BIN.into(),
+            slots: 1,
+            cgroup: Some(CgroupSource {
+                mountinfo,
+                self_cgroup,
+            }),
+            ..EngineConfig::default()
+        })
+    })
+    .await
+    .unwrap()
+    .expect("engine");
+    assert_eq!(
+        engine.mechanisms().cgroup,
+        Delegation::Delegated(node.clone())
+    );
+    let job_dirs = || -> Vec<PathBuf> {
+        std::fs::read_dir(&node)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("job-"))
+            .collect()
+    };
+    for round in 0..2 {
+        let job = Job {
+            limits: Limits {
+                memory_mb: Some(100),
+                pids: Some(20),
+                ..Limits::default()
+            },
+            ..Job::argv(["/bin/sleep", "0.777"])
+        };
+        let run = tokio::spawn({
+            let engine = engine.clone();
+            async move { engine.run(&job).await }
+        });
+        let mut program = Vec::new();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                program = host_pids_matching("sleep 0.777");
+                !program.is_empty() && job_dirs().len() == 1
+            }),
+            "round {round}: no job cgroup, or no program: {:?}",
+            job_dirs()
+        );
+        let dir = job_dirs().remove(0);
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        // The fake file keeps the last pid written: the launcher's, which is the program's.
+        assert_eq!(
+            read("cgroup.procs"),
+            program[0].to_string(),
+            "round {round}"
+        );
+        assert_eq!(read("memory.max"), (100u64 << 20).to_string());
+        assert_eq!(read("memory.swap.max"), "0");
+        assert_eq!(read("pids.max"), "20");
+        if round == 1 {
+            // What the kernel writes after an OOM kill in the cgroup.
+            std::fs::write(dir.join("memory.events"), "oom 1\noom_kill 1\n").unwrap();
+        }
+        let out = run.await.unwrap();
+        let expected = [Status::Ok, Status::MemoryLimit][round];
+        assert_eq!(out.status, expected, "round {round}: {:?}", out.error);
+        assert!(
+            job_dirs().is_empty(),
+            "round {round}: the job cgroup was left"
+        );
+    }
 }
 
 #[test]

@@ -144,8 +144,23 @@ pub struct Mechanisms {
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<FromZygote>>>>;
-/// Ready sandboxes the zygote gave the engine: id and job channel to the launcher.
-type Launchers = Arc<Mutex<VecDeque<(u64, OwnedFd)>>>;
+/// A ready sandbox the zygote gave the engine.
+struct Launcher {
+    sandbox: u64,
+    /// Host pids of its init and its launcher.
+    pids: Vec<i32>,
+    /// The job channel to the launcher.
+    channel: OwnedFd,
+}
+
+type Launchers = Arc<Mutex<VecDeque<Launcher>>>;
+
+/// A job handed to a sandbox: its request, its events, and its cgroup if the engine placed it.
+type Handed = (
+    u64,
+    mpsc::UnboundedReceiver<FromZygote>,
+    Option<cgroup::JobCgroup>,
+);
 
 struct Inner {
     control: OwnedFd,
@@ -373,7 +388,7 @@ impl Engine {
             stderr_w.as_fd(),
             report_w.as_fd(),
         ];
-        let (req, mut events) = self.hand_over(job.timeout_ms(), fds)?;
+        let (req, mut events, mut cgroup_job) = self.hand_over(job.timeout_ms(), &limits, fds)?;
         let _unregister = Unregister {
             waiters: &inner.waiters,
             req,
@@ -407,7 +422,6 @@ impl Engine {
             inner.config.collect_max_bytes * 2 + 65536,
         ));
 
-        let mut cgroup_job = None;
         let mut output_killed = false;
         let mut cancelled = false;
         let mut cancel = std::pin::pin!(cancel);
@@ -571,14 +585,18 @@ impl Engine {
 
     /// Gives a job's descriptors (payload, stdin, stdout, stderr, report) to a sandbox and
     /// registers for its events. A ready launcher the zygote gave the engine gets them
-    /// directly, which saves the spawn a wake-up of the zygote; the zygote is told first (with
-    /// the exec-notify pipe for its watchdog). Without one, the zygote queues the job for its
-    /// next ready sandbox.
+    /// directly, which saves the spawn a wake-up of the zygote: with cgroups, its init and
+    /// launcher are placed in the job's cgroup first (the launcher is idle until it gets the
+    /// job, so no instruction of the job runs outside its limits); then the zygote is told
+    /// (with the exec-notify pipe for its watchdog); then the launcher gets the job. Without a
+    /// launcher at hand, the zygote queues the job for its next ready sandbox. Returns the
+    /// request, its events and the job's cgroup if it was placed here.
     fn hand_over(
         &self,
         timeout_ms: u64,
+        limits: &EffectiveLimits,
         fds: [BorrowedFd<'_>; 5],
-    ) -> Result<(u64, mpsc::UnboundedReceiver<FromZygote>), String> {
+    ) -> Result<Handed, String> {
         let inner = &self.inner;
         loop {
             let req = inner.next_req.fetch_add(1, Ordering::Relaxed);
@@ -588,13 +606,13 @@ impl Engine {
                 inner.waiters.lock().expect("waiters lock").remove(&req);
             };
             let launcher = inner.launchers.lock().expect("launchers lock").pop_front();
-            let Some((sandbox, launcher)) = launcher else {
+            let Some(launcher) = launcher else {
                 let spawn = ToZygote::Spawn { req, timeout_ms };
                 if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
                     unregister();
                     return Err(format!("sending the job to the zygote: {e}"));
                 }
-                return Ok((req, events));
+                return Ok((req, events, None));
             };
             let (notify_r, notify_w) = match pipe() {
                 Ok(p) => p,
@@ -604,13 +622,21 @@ impl Engine {
                         .launchers
                         .lock()
                         .expect("launchers lock")
-                        .push_front((sandbox, launcher));
+                        .push_front(launcher);
                     return Err(e);
                 }
             };
+            let cgroup = inner.cgroups.as_ref().map(|tree| {
+                let cg = tree.create_job(&format!("job-{}-{req}", std::process::id()), limits)?;
+                launcher
+                    .pids
+                    .iter()
+                    .try_for_each(|pid| cg.add(*pid))
+                    .map(|()| cg)
+            });
             let started = ToZygote::Started {
                 req,
-                sandbox,
+                sandbox: launcher.sandbox,
                 timeout_ms,
             };
             if let Err(e) = wire::send(inner.control.as_fd(), &started, &[notify_r.as_fd()]) {
@@ -618,18 +644,31 @@ impl Engine {
                 return Err(format!("telling the zygote about the job: {e}"));
             }
             drop(notify_r);
+            let cgroup = match cgroup {
+                Some(Err(e)) => {
+                    // The sandbox may sit in a half-made cgroup: retire it, unused.
+                    unregister();
+                    self.send(ToZygote::Kill { req });
+                    return Err(format!("cgroup placement failed (job not run): {e}"));
+                }
+                Some(Ok(cg)) => Some(cg),
+                None => None,
+            };
             let run = ToInit::Run {
                 wait_for_release: false,
             };
             let mut with_notify = fds.to_vec();
             with_notify.push(notify_w.as_fd());
-            if wire::send(launcher.as_fd(), &run, &with_notify).is_ok() {
-                return Ok((req, events));
+            if wire::send(launcher.channel.as_fd(), &run, &with_notify).is_ok() {
+                return Ok((req, events, cgroup));
             }
             // That sandbox ended while ready: the zygote reports it under this request, which
             // nobody waits for any more. Try the next one.
             unregister();
             self.send(ToZygote::Kill { req });
+            if let Some(cg) = cgroup {
+                let _ = cg.finish();
+            }
         }
     }
 
@@ -872,12 +911,16 @@ fn spawn_event_reader(
             let req = match &msg {
                 FromZygote::Assigned { req, .. } => *req,
                 FromZygote::Exited(e) => e.req,
-                FromZygote::Launcher { sandbox } => {
-                    if let Some(fd) = fds.into_iter().next() {
+                FromZygote::Launcher { sandbox, pids } => {
+                    if let Some(channel) = fds.into_iter().next() {
                         launchers
                             .lock()
                             .expect("launchers lock")
-                            .push_back((*sandbox, fd));
+                            .push_back(Launcher {
+                                sandbox: *sandbox,
+                                pids: pids.clone(),
+                                channel,
+                            });
                     }
                     continue;
                 }
@@ -885,7 +928,7 @@ fn spawn_event_reader(
                     launchers
                         .lock()
                         .expect("launchers lock")
-                        .retain(|(id, _)| id != sandbox);
+                        .retain(|l| l.sandbox != *sandbox);
                     continue;
                 }
                 _ => continue,

@@ -86,7 +86,8 @@ pub enum FromZygote {
     Exited(Exit),
     /// A ready sandbox the engine may hand a job to itself. Carries the job channel to its
     /// launcher, over which the engine sends [`ToInit::Run`] after [`ToZygote::Started`].
-    Launcher { sandbox: u64 },
+    /// `pids` are the host pids of its init and its launcher, for the job's cgroup.
+    Launcher { sandbox: u64, pids: Vec<i32> },
     /// A sandbox given to the engine ended before it got a job.
     LauncherGone { sandbox: u64 },
 }

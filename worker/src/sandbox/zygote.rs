@@ -387,17 +387,24 @@ impl Zygote {
         self.watch(raw, Source::ExecNotify(pid));
     }
 
-    /// Gives a ready sandbox to the engine, which then hands it a job without a trip through
-    /// the zygote. Kept here instead while jobs wait in the zygote's own queue, and with the
-    /// cgroup handshake, which the zygote mediates.
+    /// Gives a ready sandbox to the engine, which then hands it a job (after placing it in
+    /// the job's cgroup, if any) without a trip through the zygote. Kept here instead while
+    /// jobs wait in the zygote's own queue.
     fn hand_to_engine(&mut self, pid: i32) -> bool {
-        if self.cfg.cgroup_handshake || !self.pending.is_empty() {
+        if !self.pending.is_empty() {
             return false;
         }
         let Some(sb) = self.sandboxes.get_mut(&pid) else {
             return false;
         };
-        let launcher = FromZygote::Launcher { sandbox: sb.id };
+        let Some(launcher) = sb.launcher else {
+            // Without the launcher's pid the program could not be placed in its cgroup.
+            return false;
+        };
+        let launcher = FromZygote::Launcher {
+            sandbox: sb.id,
+            pids: vec![pid, launcher],
+        };
         if wire::send(self.control.as_fd(), &launcher, &[sb.sock.as_fd()]).is_err() {
             return false;
         }
