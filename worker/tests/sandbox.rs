@@ -6,6 +6,8 @@
 //! When the tests do not run as root, the unprivileged identity is the current user and the
 //! root variant is reported as SKIPPED.
 
+mod sandbox_support;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -14,6 +16,7 @@ use std::time::{Duration, Instant};
 use forkbox::sandbox::cgroup::Delegation;
 use forkbox::sandbox::{seccomp::DENIED, CgroupSource, Engine, EngineConfig};
 use forkbox_queue::schema::{FileData, Job, Limits, Status};
+use sandbox_support::wait_until;
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
@@ -143,17 +146,6 @@ fn host_pids_matching(marker: &str) -> Vec<i32> {
         }
     }
     found
-}
-
-fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
 }
 
 // ---------------------------------------------------------------------------------------------

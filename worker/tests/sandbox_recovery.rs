@@ -4,11 +4,14 @@
 //!
 //! A test binary of its own: it kills every launcher of the one engine in this process.
 
-use std::time::{Duration, Instant};
+mod sandbox_support;
+
+use std::time::Duration;
 
 use forkbox::sandbox::{Engine, EngineConfig};
 use forkbox_queue::schema::{Job, Status};
 use nix::sys::signal::Signal;
+use sandbox_support::wait_until;
 
 const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
 
@@ -56,17 +59,6 @@ fn is_dead(pid: i32) -> bool {
             .rsplit_once(')')
             .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
     }
-}
-
-fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    f()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
