@@ -51,6 +51,12 @@ fn signal(pid: i32, sig: Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
 
+/// Blocked receiving its job: it has told the zygote it is ready.
+fn is_waiting(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/wchan"))
+        .is_ok_and(|w| w.contains("wait_for_more_packets"))
+}
+
 /// Dead: gone, or a zombie (its descriptors are closed either way).
 fn is_dead(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -79,12 +85,18 @@ async fn launchers_killed_while_ready_cost_no_job() {
     // Round 0 as it happens. In round 1 the zygote is stopped meanwhile, so the engine cannot
     // learn that its launchers are gone before it tries them with a job.
     for round in 0..2 {
-        // The whole pool (slots + 1) is built and waiting for jobs.
+        // The whole pool (slots + 1) is built and waiting for jobs. (Killing a sandbox still
+        // being built would count as a failed build, which fails a job with the reason.)
         assert!(
-            wait_until(Duration::from_secs(20), || launchers().len() >= 3),
+            wait_until(Duration::from_secs(20), || {
+                let l = launchers();
+                l.len() >= 3 && l.iter().all(|p| is_waiting(*p))
+            }),
             "round {round}: the pool was not rebuilt: {:?}",
             launchers()
         );
+        // Their ready messages are read by the zygote as soon as it is scheduled.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         let killed = launchers();
         let zygote = zygote();
         if round == 1 {

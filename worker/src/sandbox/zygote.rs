@@ -795,16 +795,20 @@ impl Zygote {
                 }
                 self.report(exit);
             }
-            Phase::Warming | Phase::Ready | Phase::Handed => {
-                if sb.phase == Phase::Handed {
-                    let gone = FromZygote::LauncherGone { sandbox: sb.id };
-                    let _ = wire::send(self.control.as_fd(), &gone, &[]);
-                }
-                // A sandbox that died before its job: fail closed, and say why.
+            Phase::Warming => {
+                // A sandbox that could not be built: fail closed, and say why.
                 let error = sb
                     .setup_error
                     .unwrap_or_else(|| "sandbox init exited during set-up".into());
                 self.fail_next_pending(error);
+            }
+            Phase::Ready | Phase::Handed => {
+                // It was built and then ended while it waited (killed from outside): nothing
+                // is wrong with building them, so no job fails; another is built instead.
+                if sb.phase == Phase::Handed {
+                    let gone = FromZygote::LauncherGone { sandbox: sb.id };
+                    let _ = wire::send(self.control.as_fd(), &gone, &[]);
+                }
             }
         }
     }
