@@ -60,39 +60,38 @@ pub fn main(sock: OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
             let _ = wire::send(sock.as_fd(), &FromInit::SetupFailed { error }, &[]);
             sys::exit_now(1)
         }
-        Ok(Prepared {
-            launcher: Forked::Child,
-            handoff,
-            setup,
-        }) => {
-            let ((setup_r, setup_w), (handoff_init, handoff_launcher)) = (setup, handoff);
-            drop((setup_r, handoff_init));
-            launch(&sock, &handoff_launcher, &setup_w, cfg, hardening)
+        Ok(Side::Launcher { handoff, setup_w }) => {
+            launch(&sock, &handoff, &setup_w, cfg, hardening)
         }
-        Ok(Prepared {
-            launcher: Forked::Parent { pid, .. },
+        Ok(Side::Init {
+            launcher,
             handoff,
-            setup,
+            setup_r,
         }) => {
             // The job channel is the launcher's alone: when it dies, whoever sends it a job
             // sees the channel closed at once, instead of a message nobody will read.
-            let ((setup_r, setup_w), (handoff_init, handoff_launcher)) = (setup, handoff);
-            drop((sock, setup_w, handoff_launcher));
-            supervise(pid, handoff_init, setup_r, cfg)
+            drop(sock);
+            supervise(launcher, handoff, setup_r, cfg)
         }
     }
 }
 
-/// The sandbox built, and the launcher forked, on either side of that fork.
-struct Prepared {
-    launcher: Forked,
-    /// The init's and the launcher's ends of the channel the job's report is handed over on.
-    handoff: (OwnedFd, OwnedFd),
-    /// The pipe the launcher reports a failed isolation step (or its exec time) through.
-    setup: (OwnedFd, OwnedFd),
+/// Which side of the launcher's fork this is, with that side's ends of the channel the job's
+/// report is handed over on and of the pipe the launcher reports a failed isolation step (or
+/// its exec time) through.
+enum Side {
+    Launcher {
+        handoff: OwnedFd,
+        setup_w: OwnedFd,
+    },
+    Init {
+        launcher: Pid,
+        handoff: OwnedFd,
+        setup_r: OwnedFd,
+    },
 }
 
-fn serve(sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Prepared, String> {
+fn serve(sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Side, String> {
     // The zygote may run at a raised priority; the sandbox must not inherit it.
     sys::set_nice(0).map_err(|e| format!("reset priority: {e}"))?;
     // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).
@@ -122,15 +121,23 @@ fn serve(sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Prepared, String> {
     // from the zygote) and becomes the program, so a spawn costs no fork. It reports a failed
     // isolation step (or its exec time) through `setup`, and hands the init what it needs for
     // the report through `handoff`.
-    let setup =
+    let (setup_r, setup_w) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-    let handoff = wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
-    let launcher = sys::fork_single_threaded().map_err(|e| format!("fork launcher: {e}"))?;
-    Ok(Prepared {
-        launcher,
-        handoff,
-        setup,
-    })
+    let (handoff_init, handoff_launcher) =
+        wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
+    Ok(
+        match sys::fork_single_threaded().map_err(|e| format!("fork launcher: {e}"))? {
+            Forked::Child => Side::Launcher {
+                handoff: handoff_launcher,
+                setup_w,
+            },
+            Forked::Parent { pid, .. } => Side::Init {
+                launcher: pid,
+                handoff: handoff_init,
+                setup_r,
+            },
+        },
+    )
 }
 
 /// What the launcher hands the init once it has its job.

@@ -438,28 +438,15 @@ impl Engine {
                     Some(FromZygote::Assigned { pids, .. }) => {
                         // The launcher waits for this release: limits apply before the program
                         // runs.
-                        let placed = inner.cgroups.as_ref().map(|tree| {
-                            if pids.len() != 2 {
-                                // Without the launcher's pid the program would run unlimited.
-                                return Err(cgroup::CgroupError::Io {
-                                    op: "place",
-                                    path: format!("job {req}: launcher pid unknown").into(),
-                                    source: std::io::ErrorKind::NotFound.into(),
-                                });
-                            }
-                            let cg = tree.create_job(&format!("job-{}-{req}", std::process::id()), &limits)?;
-                            pids.iter().try_for_each(|pid| cg.add(*pid)).map(|()| cg)
-                        });
-                        match placed {
-                            Some(Ok(cg)) => {
-                                cgroup_job = Some(cg);
+                        match self.place(req, &pids, &limits) {
+                            Ok(cg) => {
+                                cgroup_job = cg;
                                 self.send(ToZygote::Release { req });
                             }
-                            Some(Err(e)) => {
+                            Err(e) => {
                                 self.send(ToZygote::Kill { req });
-                                return Err(format!("cgroup placement failed (job not run): {e}"));
+                                return Err(e);
                             }
-                            None => self.send(ToZygote::Release { req }),
                         }
                     }
                     Some(FromZygote::Exited(e)) => exit = Some(e),
@@ -626,14 +613,6 @@ impl Engine {
                     return Err(e);
                 }
             };
-            let cgroup = inner.cgroups.as_ref().map(|tree| {
-                let cg = tree.create_job(&format!("job-{}-{req}", std::process::id()), limits)?;
-                launcher
-                    .pids
-                    .iter()
-                    .try_for_each(|pid| cg.add(*pid))
-                    .map(|()| cg)
-            });
             let started = ToZygote::Started {
                 req,
                 sandbox: launcher.sandbox,
@@ -644,15 +623,14 @@ impl Engine {
                 return Err(format!("telling the zygote about the job: {e}"));
             }
             drop(notify_r);
-            let cgroup = match cgroup {
-                Some(Err(e)) => {
+            let cgroup = match self.place(req, &launcher.pids, limits) {
+                Ok(cg) => cg,
+                Err(e) => {
                     // The sandbox may sit in a half-made cgroup: retire it, unused.
                     unregister();
                     self.send(ToZygote::Kill { req });
-                    return Err(format!("cgroup placement failed (job not run): {e}"));
+                    return Err(e);
                 }
-                Some(Ok(cg)) => Some(cg),
-                None => None,
             };
             let run = ToInit::Run {
                 wait_for_release: false,
@@ -668,6 +646,36 @@ impl Engine {
             self.send(ToZygote::Kill { req });
             if let Some(cg) = cgroup {
                 let _ = cg.finish();
+            }
+        }
+    }
+
+    /// With cgroups, creates job `req`'s cgroup with its limits and moves the sandbox's init
+    /// and launcher (`pids`) into it; `None` without cgroups.
+    fn place(
+        &self,
+        req: u64,
+        pids: &[i32],
+        limits: &EffectiveLimits,
+    ) -> Result<Option<cgroup::JobCgroup>, String> {
+        let Some(tree) = &self.inner.cgroups else {
+            return Ok(None);
+        };
+        if pids.len() != 2 {
+            // Without the launcher's pid the program would run unlimited.
+            return Err(format!(
+                "cgroup placement failed (job not run): job {req}: launcher pid unknown"
+            ));
+        }
+        let name = format!("job-{}-{req}", std::process::id());
+        let cg = tree
+            .create_job(&name, limits)
+            .map_err(|e| format!("cgroup placement failed (job not run): {e}"))?;
+        match pids.iter().try_for_each(|pid| cg.add(*pid)) {
+            Ok(()) => Ok(Some(cg)),
+            Err(e) => {
+                let _ = cg.finish();
+                Err(format!("cgroup placement failed (job not run): {e}"))
             }
         }
     }

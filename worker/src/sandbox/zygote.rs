@@ -376,7 +376,15 @@ impl Zygote {
             });
             return;
         };
-        let sb = self.sandboxes.get_mut(&pid).expect("found above");
+        self.start_running(pid, req, timeout_ms, notify_r);
+    }
+
+    /// Sandbox `pid` has job `req`: it runs from now on, and its exec-notify pipe arms its
+    /// watchdog.
+    fn start_running(&mut self, pid: i32, req: u64, timeout_ms: u64, notify_r: OwnedFd) {
+        let Some(sb) = self.sandboxes.get_mut(&pid) else {
+            return;
+        };
         sb.phase = Phase::Running;
         sb.req = req;
         sb.timeout_ms = timeout_ms;
@@ -385,6 +393,11 @@ impl Zygote {
         sb.exec_notify = Some(notify_r);
         self.by_req.insert(req, pid);
         self.watch(raw, Source::ExecNotify(pid));
+    }
+
+    /// How many sandboxes are in `phase`.
+    fn count(&self, phase: Phase) -> usize {
+        self.sandboxes.values().filter(|s| s.phase == phase).count()
     }
 
     /// Gives a ready sandbox to the engine, which then hands it a job (after placing it in
@@ -453,14 +466,7 @@ impl Zygote {
             drop(request.fds);
             drop(notify_w);
             let sb_launcher = sb.launcher;
-            sb.phase = Phase::Running;
-            sb.req = request.req;
-            sb.timeout_ms = request.timeout_ms;
-            sb.exit.req = request.req;
-            let raw = notify_r.as_raw_fd();
-            sb.exec_notify = Some(notify_r);
-            self.by_req.insert(request.req, pid);
-            self.watch(raw, Source::ExecNotify(pid));
+            self.start_running(pid, request.req, request.timeout_ms, notify_r);
             if handshake {
                 let _ = wire::send(
                     self.control.as_fd(),
@@ -509,27 +515,14 @@ impl Zygote {
     /// engine sent it here because it had none at that moment, and only the engine can use
     /// them, so counting them could leave the job waiting for ever.
     fn replenish(&mut self) {
-        let running = self
-            .sandboxes
-            .values()
-            .filter(|s| s.phase == Phase::Running)
-            .count();
-        let handed = self
-            .sandboxes
-            .values()
-            .filter(|s| s.phase == Phase::Handed)
-            .count();
+        let running = self.count(Phase::Running);
+        let handed = self.count(Phase::Handed);
         let free_slots = (self.cfg.pool - 1).saturating_sub(running).max(1);
         if self.pending.is_empty() && running > 0 && self.ready.len() + handed >= free_slots {
             return;
         }
         loop {
-            let warming = self
-                .sandboxes
-                .values()
-                .filter(|s| s.phase == Phase::Warming)
-                .count();
-            let own = self.ready.len() + warming;
+            let own = self.ready.len() + self.count(Phase::Warming);
             let enough = if self.broken.is_some() {
                 own >= self.pending.len().min(1)
             } else {
