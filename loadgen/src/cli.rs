@@ -65,8 +65,9 @@ pub struct Args {
     /// Visibility timeout passed to spawned workers (2000 by default when a fault is injected).
     #[arg(long, value_name = "MS")]
     pub visibility_timeout_ms: Option<u64>,
-    /// End a phase when no result arrived for this long after the last send (default: 30 s,
-    /// or twice the visibility timeout plus 10 s when that is longer).
+    /// End a phase when no result arrived for this long after the last send, or while jobs are
+    /// in flight (the workers are gone or stuck; the unanswered jobs count as lost). Default:
+    /// 30 s, or twice the visibility timeout plus 10 s when that is longer.
     #[arg(long, value_name = "SECS")]
     pub drain_timeout: Option<f64>,
     /// Noop jobs sent and awaited before measuring (default: 2 × workers × slots when workers

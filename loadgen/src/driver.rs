@@ -399,6 +399,16 @@ impl Driver {
         }
     }
 
+    /// Tells the operator something about the run: above the progress bar, or on stderr when
+    /// there is none (`--quiet`, or no terminal), where a hidden bar would drop it.
+    fn note(&self, message: String) {
+        if self.progress.is_hidden() {
+            eprintln!("forkbox-loadgen: {message}");
+        } else {
+            self.progress.println(message);
+        }
+    }
+
     fn job_id(&self, tag: &str, seq: usize) -> String {
         format!("{}-{}-{}", self.run, tag, seq)
     }
@@ -504,6 +514,18 @@ impl Driver {
                 if !more {
                     sending = false;
                     last_activity = now;
+                } else if rec.outstanding() > 0
+                    && now.duration_since(last_activity) >= spec.drain_timeout
+                {
+                    // Jobs in flight and not one result for a whole drain timeout: the workers
+                    // are gone or stuck. A closed loop would wait for them forever.
+                    sending = false;
+                    self.note(format!(
+                        "no result for {:.0?} with {} job(s) in flight: ending the phase early; \
+                         the unanswered jobs count as lost",
+                        spec.drain_timeout,
+                        rec.outstanding()
+                    ));
                 }
             }
             // What to send now, and when to wake for the next scheduled send.
@@ -574,7 +596,7 @@ impl Driver {
                     anyhow::bail!("fault {fault:?} needs a cluster started by the load generator");
                 };
                 let detail = tokio::task::block_in_place(|| c.inject(fault))?;
-                self.progress.println(format!("fault: {fault:?}: {detail}"));
+                self.note(format!("fault: {fault:?}: {detail}"));
                 fired.push(FaultEvent {
                     fault,
                     at_s: Instant::now().duration_since(self.t0).as_secs_f64(),

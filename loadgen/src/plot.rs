@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use plotters::chart::SeriesLabelStyle;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::report::Report;
 
@@ -68,6 +69,68 @@ fn max_or(values: impl Iterator<Item = f64>, floor: f64) -> f64 {
     values.fold(floor, f64::max)
 }
 
+/// The measured phases of a run that has several (a scaling run's worker counts, a ramp's
+/// rates) as (start, end, label), so that a time plot shows which stretch is which; the gaps
+/// between them are worker start-up and warm-up.
+fn phase_spans(report: &Report) -> Vec<(f64, f64, String)> {
+    if report.phases.len() < 2 {
+        return Vec::new();
+    }
+    report
+        .phases
+        .iter()
+        .map(|p| {
+            let rate = p.load.get("rate").and_then(serde_json::Value::as_f64);
+            let label = match (report.ramp.is_some(), rate, p.workers) {
+                (true, Some(r), _) => format!("{r:.0}/s offered"),
+                (_, _, Some(k)) => format!("K={k}"),
+                _ => p.tag.clone(),
+            };
+            (p.started_s, p.ended_s, label)
+        })
+        .collect()
+}
+
+/// Marks on a time plot: every other phase shaded and each labelled at the bottom (clear of
+/// the legend), and each injected fault as a red line named at the top. `bottom` and `top`
+/// are the y values of the plot's edges.
+fn draw_time_marks<DB, CT>(
+    chart: &mut ChartContext<'_, DB, CT>,
+    report: &Report,
+    bottom: f64,
+    top: f64,
+) -> PlotResult
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    let spans = phase_spans(report);
+    chart.draw_series(spans.iter().step_by(2).map(|(start, end, _)| {
+        Rectangle::new([(*start, bottom), (*end, top)], BLACK.mix(0.06).filled())
+    }))?;
+    let at_bottom = TextStyle::from((FONT, 13).into_font()).pos(Pos::new(HPos::Left, VPos::Bottom));
+    chart.draw_series(
+        spans
+            .iter()
+            .map(|(start, _, label)| Text::new(label.clone(), (*start, bottom), at_bottom.clone())),
+    )?;
+    for f in &report.faults {
+        let name = match f.fault {
+            crate::driver::Fault::KillWorker => "worker killed",
+            crate::driver::Fault::RestartRedis => "Redis restarted",
+        };
+        let line = RED.mix(0.6).stroke_width(1);
+        chart.draw_series(LineSeries::new(vec![(f.at_s, bottom), (f.at_s, top)], line))?;
+        chart.draw_series(std::iter::once(Text::new(
+            name,
+            (f.at_s, top),
+            (FONT, 13).into_font().color(&RED),
+        )))?;
+    }
+    Ok(())
+}
+
 /// Latency percentiles per second (log scale: p50 and p99.9 differ by orders of magnitude).
 fn latency(report: &Report, path: &Path) -> PlotResult {
     let tl = &report.timeline;
@@ -100,6 +163,7 @@ fn latency(report: &Report, path: &Path) -> PlotResult {
         .x_desc("time since start (s)")
         .y_desc("latency (ms, log)")
         .draw()?;
+    draw_time_marks(&mut chart, report, y_min, y_max)?;
     for (i, (name, pts)) in series.into_iter().enumerate() {
         let style = series_style(i);
         chart
@@ -128,6 +192,7 @@ fn throughput(report: &Report, path: &Path) -> PlotResult {
         .x_desc("time since start (s)")
         .y_desc("jobs/s")
         .draw()?;
+    draw_time_marks(&mut chart, report, 0.0, y_max)?;
     let lines: [(&str, Vec<(f64, f64)>); 2] = [
         (
             "completed",
@@ -144,13 +209,6 @@ fn throughput(report: &Report, path: &Path) -> PlotResult {
             .draw_series(LineSeries::new(pts, style))?
             .label(name)
             .legend(legend_mark(style));
-    }
-    for f in &report.faults {
-        let at = f.at_s;
-        chart.draw_series(LineSeries::new(
-            vec![(at, 0.0), (at, y_max)],
-            RED.mix(0.6).stroke_width(1),
-        ))?;
     }
     draw_legend(
         chart.configure_series_labels(),
@@ -289,7 +347,8 @@ pub fn write_all(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{ramp_step, scaling_points, Environment, RampSummary};
+    use crate::driver::{Fault, FaultEvent};
+    use crate::report::{ramp_step, scaling_points, Environment, PhaseSummary, RampSummary};
     use crate::stats::{Percentiles, Window};
 
     fn report() -> Report {
@@ -357,6 +416,64 @@ mod tests {
         assert!(svg.contains("linear from one node"));
         let svg = std::fs::read_to_string(dir.path().join("ramp.svg")).unwrap();
         assert!(svg.contains("p99 ms (right axis)"));
+    }
+
+    fn phase(workers: usize, load: serde_json::Value, started_s: f64) -> PhaseSummary {
+        PhaseSummary {
+            tag: format!("m{workers}"),
+            workers: Some(workers),
+            load,
+            started_s,
+            ended_s: started_s + 2.5,
+            enqueued: 10,
+            completed: 10,
+            lost: 0,
+            duplicated: 0,
+            unexpected: 0,
+            throughput_jobs_per_s: 4.0,
+            latency_ms: Percentiles::default(),
+        }
+    }
+
+    #[test]
+    fn time_plots_name_each_phase_and_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = report();
+        let closed = serde_json::json!({"mode": "closed", "concurrency": 4});
+        r.phases = vec![phase(1, closed.clone(), 0.5), phase(2, closed, 3.5)];
+        r.faults = vec![FaultEvent {
+            fault: Fault::KillWorker,
+            at_s: 4.0,
+            detail: "SIGKILL".into(),
+        }];
+        write_all(&r, dir.path()).unwrap();
+        for name in ["latency.svg", "throughput.svg"] {
+            let svg = std::fs::read_to_string(dir.path().join(name)).unwrap();
+            for mark in ["K=1", "K=2", "worker killed"] {
+                assert!(svg.contains(mark), "{name} lacks {mark:?}");
+            }
+        }
+
+        let open = |rate: f64| serde_json::json!({"mode": "open", "rate": rate});
+        r.phases = vec![phase(1, open(50.0), 0.5), phase(1, open(100.0), 3.5)];
+        r.faults.clear();
+        r.ramp = Some(RampSummary {
+            p99_bound_ms: 50.0,
+            max_error_rate: 0.01,
+            max_sustainable_jobs_per_s: 100.0,
+            steps: Vec::new(),
+        });
+        write_all(&r, dir.path()).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
+        assert!(svg.contains("50/s offered") && svg.contains("100/s offered"));
+        assert!(!svg.contains("K=1") && !svg.contains("worker killed"));
+
+        // One phase: nothing to tell apart, so no marks.
+        r.phases.truncate(1);
+        r.ramp = None;
+        write_all(&r, dir.path()).unwrap();
+        let svg = std::fs::read_to_string(dir.path().join("throughput.svg")).unwrap();
+        assert!(!svg.contains("offered") && !svg.contains("K=1"));
     }
 
     #[test]

@@ -92,6 +92,24 @@ async fn redis_version(client: &redis::Client) -> String {
         .to_owned()
 }
 
+/// Worker counts of the measured phases: 1..=K (or `--scale-steps`) for a scaling run, else K
+/// (0 when no workers are spawned).
+fn worker_steps(args: &Args) -> anyhow::Result<Vec<usize>> {
+    let k_max = args.spawn_workers.unwrap_or(0);
+    if !args.scale {
+        return Ok(vec![k_max]);
+    }
+    let steps = args
+        .scale_steps
+        .clone()
+        .unwrap_or_else(|| (1..=k_max).collect());
+    ensure!(
+        steps.iter().all(|&k| k >= 1),
+        "--scale-steps must be at least 1"
+    );
+    Ok(steps)
+}
+
 /// Checks the combinations of options that clap cannot express.
 fn validate(args: &Args) -> anyhow::Result<()> {
     if !args.ramp {
@@ -120,10 +138,17 @@ fn validate(args: &Args) -> anyhow::Result<()> {
             "--restart-redis-at needs the load generator's own Redis: drop --redis"
         );
     }
+    let steps = worker_steps(args)?;
     if args.kill_worker_at.is_some() {
         ensure!(
-            args.spawn_workers.is_some_and(|k| k >= 2),
-            "--kill-worker-at needs --spawn-workers 2 or more (someone must reclaim the jobs)"
+            args.spawn_workers.is_some() && steps.iter().all(|&k| k >= 2),
+            "--kill-worker-at needs 2 or more spawned workers in every phase, so that one is left \
+             to reclaim the killed worker's jobs{}",
+            if args.scale {
+                " (a scaling run starts at K=1: give --scale-steps 2,4)"
+            } else {
+                ": give --spawn-workers 2 or more"
+            }
         );
     }
     if args.ramp {
@@ -237,21 +262,7 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
     }
     let redis_version = redis_version(driver.client()).await;
 
-    // Worker counts per measured phase.
-    let k_max = args.spawn_workers.unwrap_or(0);
-    let steps: Vec<usize> = if args.scale {
-        let s = args
-            .scale_steps
-            .clone()
-            .unwrap_or_else(|| (1..=k_max).collect());
-        ensure!(
-            s.iter().all(|&k| k >= 1),
-            "--scale-steps must be at least 1"
-        );
-        s
-    } else {
-        vec![k_max]
-    };
+    let steps = worker_steps(&args)?;
     let length = match (args.jobs, args.duration) {
         (Some(n), _) => Stop::Jobs(n),
         (None, Some(d)) => Stop::After(Duration::from_secs_f64(d)),
@@ -425,4 +436,32 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
     drop(own_redis);
     drop(hosts);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser as _;
+
+    fn check(extra: &[&str]) -> anyhow::Result<()> {
+        let mut argv = vec!["forkbox-loadgen", "--jobs", "10"];
+        argv.extend_from_slice(extra);
+        validate(&Args::try_parse_from(argv).unwrap())
+    }
+
+    #[test]
+    fn killing_a_worker_needs_another_left_in_every_phase() {
+        let err = |extra: &[&str]| check(extra).unwrap_err().to_string();
+        assert!(err(&["--kill-worker-at", "30%"]).contains("--spawn-workers 2 or more"));
+        assert!(err(&["--spawn-workers", "1", "--kill-worker-at", "30%"]).contains("every phase"));
+        // A scaling run's first phase has one worker.
+        let scale = err(&["--spawn-workers", "4", "--scale", "--kill-worker-at", "30%"]);
+        assert!(scale.contains("--scale-steps 2,4"), "{scale}");
+        let steps = ["--spawn-workers", "4", "--scale", "--scale-steps", "1,4"];
+        assert!(check(&[&steps[..], &["--kill-worker-at", "30%"]].concat()).is_err());
+
+        check(&["--spawn-workers", "2", "--kill-worker-at", "30%"]).unwrap();
+        let steps = ["--spawn-workers", "4", "--scale", "--scale-steps", "2,4"];
+        check(&[&steps[..], &["--kill-worker-at", "30%"]].concat()).unwrap();
+    }
 }

@@ -173,3 +173,44 @@ fn simulated_hosts_are_removed_after_the_run() {
     let left = forkbox_loadgen::netns::leftovers(&run);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+#[test]
+fn a_closed_loop_with_no_worker_left_ends_and_counts_its_jobs_lost() {
+    // Nobody reads the queue: without the stall check the closed loop waited forever for a
+    // result that frees a slot.
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args([
+            "--redis",
+            &redis.url(),
+            "--queue",
+            "lgstall",
+            "--jobs",
+            "50",
+        ])
+        .args(["--concurrency", "4", "--drain-timeout", "1", "--quiet"])
+        .arg("--report")
+        .arg(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running forkbox-loadgen");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("forkbox-loadgen still waiting after 60 s with no worker");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    eprintln!("{stderr}");
+    assert!(!status.success(), "lost jobs must fail the run");
+    assert!(stderr.contains("no result for"), "{stderr}");
+    let r = read_report(dir.path());
+    assert_eq!((r.enqueued, r.completed, r.lost), (4, 0, 4));
+}
