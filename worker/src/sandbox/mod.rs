@@ -592,7 +592,16 @@ impl Engine {
             let unregister = || {
                 inner.waiters.lock().expect("waiters lock").remove(&req);
             };
-            let launcher = inner.launchers.lock().expect("launchers lock").pop_front();
+            let launcher = loop {
+                let next = inner.launchers.lock().expect("launchers lock").pop_front();
+                match next {
+                    // A launcher that died while it waited shows as its channel's hang-up (it
+                    // never writes on it). Skipping it before `place` also keeps a pid freed by
+                    // its death, and perhaps reused since, out of a job's cgroup.
+                    Some(l) if wire::has_message(l.channel.as_fd()) => continue,
+                    other => break other,
+                }
+            };
             let Some(launcher) = launcher else {
                 let spawn = ToZygote::Spawn { req, timeout_ms };
                 if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
