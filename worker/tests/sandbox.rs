@@ -238,6 +238,9 @@ fn proc_network_and_host_paths_are_private() {
             "ls /proc/$$/fd; echo --; \
              ls /proc | grep -E '^[0-9]+$' | tr '\\n' ' '; echo; \
              cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' ' | tr '\\n' ' '; echo; \
+             tr '\\0' ' ' </proc/1/cmdline; echo; \
+             for f in environ maps; do cat /proc/1/$f >/dev/null 2>&1 && echo open:$f; done; \
+             for f in fd/0 root exe; do readlink /proc/1/$f >/dev/null 2>&1 && echo open:$f; done; \
              for d in /root /home /run /var /srv /sys; do [ -e $d ] && echo visible:$d; done; \
              (exec 3<>/dev/tcp/127.0.0.1/6379) 2>/dev/null && echo tcp-open; \
              python3 -c 'import socket; s=socket.socket(); s.settimeout(2); print(s.connect_ex((\"127.0.0.1\", 6379)))'",
@@ -255,12 +258,19 @@ fn proc_network_and_host_paths_are_private() {
             "{who:?}: pids {pids:?}"
         );
         assert_eq!(lines[1].trim(), "lo", "{who:?}: interfaces");
+        // Anyone may read a process's command line: the init's names no host path.
+        assert_eq!(
+            lines[2].trim(),
+            "forkbox __zygote",
+            "{who:?}: pid 1's command line"
+        );
         assert!(
             !ran.stdout().contains("visible:"),
             "{who:?}: {}",
             ran.stdout()
         );
         assert!(!ran.stdout().contains("tcp-open"));
+        assert!(!ran.stdout().contains("open:"), "{who:?}: {}", ran.stdout());
         assert_eq!(
             lines.last().unwrap().trim(),
             libc::ECONNREFUSED.to_string(),

@@ -227,6 +227,9 @@ impl Engine {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null());
         command.env_clear();
+        // Every sandbox's init is a fork of the zygote, and any process may read pid 1's
+        // command line: it names no host path.
+        std::os::unix::process::CommandExt::arg0(&mut command, "forkbox");
         // Its own process group: a terminal's Ctrl-C is for the node, which decides how
         // running jobs end; the zygote exits when the engine's channel closes.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
