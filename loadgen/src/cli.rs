@@ -67,7 +67,8 @@ pub struct Args {
     pub visibility_timeout_ms: Option<u64>,
     /// End a phase when no result arrived for this long after the last send, or while jobs are
     /// in flight (the workers are gone or stuck; the unanswered jobs count as lost). Default:
-    /// 30 s, or twice the visibility timeout plus 10 s when that is longer.
+    /// 30 s, or the longest job's time limit plus 10 s, or twice the visibility timeout plus
+    /// 10 s, whichever is longest.
     #[arg(long, value_name = "SECS")]
     pub drain_timeout: Option<f64>,
     /// Noop jobs sent and awaited before measuring (default: 2 × workers × slots when workers

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use forkbox_queue::schema::{DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS};
 use forkbox_queue::{Job, Limits};
 
 use crate::humaneval::Problem;
@@ -394,15 +395,30 @@ impl JobSource {
         let kind = self.pick();
         let turn = self.turns[kind];
         self.turns[kind] += 1;
+        let (job, expect, task) = self.job(kind, turn);
+        Planned {
+            kind,
+            job,
+            expect,
+            task,
+        }
+    }
+
+    /// The job entry `kind` sends on its `turn`-th pick, what its result should be, and the
+    /// HumanEval task it is.
+    fn job(&self, kind: usize, turn: usize) -> (Job, Expect, Option<String>) {
         let mut task = None;
         let (job, expect) = match &self.entries[kind].workload {
             Workload::Noop => (Job::argv(["/bin/true"]), Expect::Ok),
             Workload::Python => (Job::argv(["python3", "-c", PYTHON_SNIPPET]), Expect::Ok),
             Workload::Sleep(d) => (
-                Job::argv(["sleep".to_owned(), format!("{:.3}", d.as_secs_f64())]),
+                with_room(
+                    Job::argv(["sleep".to_owned(), format!("{:.3}", d.as_secs_f64())]),
+                    *d,
+                ),
                 Expect::Ok,
             ),
-            Workload::Cpu(d) => (cpu_job(*d), Expect::Ok),
+            Workload::Cpu(d) => (with_room(cpu_job(*d), *d), Expect::Ok),
             Workload::HumanEval => {
                 let p = &self.humaneval[turn % self.humaneval.len()];
                 task = Some(p.task_id.clone());
@@ -424,13 +440,37 @@ impl JobSource {
                 (jobs[turn % jobs.len()].clone(), Expect::Ran)
             }
         };
-        Planned {
-            kind,
-            job,
-            expect,
-            task,
-        }
+        (job, expect, task)
     }
+
+    /// The longest wall-clock limit of any job this source sends, in milliseconds: how long a
+    /// healthy worker may take before a result.
+    pub fn longest_timeout_ms(&self) -> u64 {
+        (0..self.entries.len())
+            .flat_map(|kind| {
+                let distinct = match &self.entries[kind].workload {
+                    Workload::HumanEval => self.humaneval.len(),
+                    Workload::Hostile(None) => Hostile::ALL.len(),
+                    Workload::Jsonl(path) => self.jsonl[path].len(),
+                    _ => 1,
+                };
+                (0..distinct).map(move |turn| self.job(kind, turn).0.timeout_ms())
+            })
+            .max()
+            .unwrap_or(DEFAULT_TIMEOUT_MS)
+    }
+}
+
+/// A job that runs for about `d` gets a wall-clock limit with room for start-up and a busy
+/// machine (twice `d` plus 5 s) when the default would cut it short.
+fn with_room(mut job: Job, d: Duration) -> Job {
+    let wanted = d.saturating_mul(2) + Duration::from_secs(5);
+    let wanted_ms =
+        u64::try_from(wanted.as_millis()).map_or(MAX_TIMEOUT_MS, |ms| ms.min(MAX_TIMEOUT_MS));
+    if wanted_ms > job.timeout_ms() {
+        job.timeout_ms = Some(wanted_ms);
+    }
+    job
 }
 
 fn cpu_job(d: Duration) -> Job {
@@ -554,6 +594,36 @@ mod tests {
         // Spread: the 5% kind never comes twice within 10 picks.
         let sleeps: Vec<usize> = (0..200).filter(|&i| picks[i] == 2).collect();
         assert!(sleeps.windows(2).all(|w| w[1] - w[0] >= 10), "{sleeps:?}");
+    }
+
+    #[test]
+    fn long_jobs_get_room_and_the_source_knows_its_longest_limit() {
+        let src = JobSource::new(&Mix::parse("noop,sleep:200ms").unwrap(), Vec::new()).unwrap();
+        // Short jobs keep the default limit.
+        assert_eq!(src.job(1, 0).0.timeout_ms(), DEFAULT_TIMEOUT_MS);
+        assert_eq!(src.longest_timeout_ms(), DEFAULT_TIMEOUT_MS);
+
+        let mut src =
+            JobSource::new(&Mix::parse("noop,sleep:30s,cpu:8s").unwrap(), Vec::new()).unwrap();
+        assert_eq!(src.job(1, 0).0.timeout_ms(), 65_000);
+        assert_eq!(src.job(2, 0).0.timeout_ms(), 21_000);
+        assert_eq!(src.longest_timeout_ms(), 65_000);
+        let sent: Vec<u64> = (0..3).map(|_| src.next_job().job.timeout_ms()).collect();
+        assert!(sent.contains(&65_000), "{sent:?}");
+        // Never past what a job may ask for.
+        let src = JobSource::new(&Mix::parse("sleep:1000000s").unwrap(), Vec::new()).unwrap();
+        assert_eq!(src.longest_timeout_ms(), MAX_TIMEOUT_MS);
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("jobs.jsonl");
+        std::fs::write(
+            &file,
+            "{\"cmd\":\"true\"}\n{\"cmd\":\"true\",\"timeout_ms\":90000}\n",
+        )
+        .unwrap();
+        let mix = Mix::parse(&format!("noop,jsonl:{}", file.display())).unwrap();
+        let src = JobSource::new(&mix, Vec::new()).unwrap();
+        assert_eq!(src.longest_timeout_ms(), 90_000);
     }
 
     #[test]

@@ -227,7 +227,8 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
     let visibility = args.visibility_timeout_ms.or(faulty.then_some(2000));
     let drain_timeout = Duration::from_secs_f64(args.drain_timeout.unwrap_or_else(|| {
         let vis = visibility.unwrap_or(0) as f64 / 1000.0;
-        (2.0 * vis + 10.0).max(30.0)
+        let longest_job = source.longest_timeout_ms() as f64 / 1000.0;
+        (2.0 * vis + 10.0).max(longest_job + 10.0).max(30.0)
     }));
     let bin = match args.spawn_workers {
         Some(_) => Some(cluster::forkbox_bin().context(
