@@ -107,6 +107,9 @@ fn worker_steps(args: &Args) -> anyhow::Result<Vec<usize>> {
         steps.iter().all(|&k| k >= 1),
         "--scale-steps must be at least 1"
     );
+    if let Some(k) = steps.iter().find(|&&k| k > k_max) {
+        bail!("--scale-steps: {k} is more than the {k_max} workers of --spawn-workers");
+    }
     Ok(steps)
 }
 
@@ -451,7 +454,7 @@ mod tests {
     }
 
     #[test]
-    fn killing_a_worker_needs_another_left_in_every_phase() {
+    fn worker_counts_are_checked_before_anything_starts() {
         let err = |extra: &[&str]| check(extra).unwrap_err().to_string();
         assert!(err(&["--kill-worker-at", "30%"]).contains("--spawn-workers 2 or more"));
         assert!(err(&["--spawn-workers", "1", "--kill-worker-at", "30%"]).contains("every phase"));
@@ -462,6 +465,9 @@ mod tests {
         assert!(check(&[&steps[..], &["--kill-worker-at", "30%"]].concat()).is_err());
 
         check(&["--spawn-workers", "2", "--kill-worker-at", "30%"]).unwrap();
+        let steps = ["--spawn-workers", "2", "--scale", "--scale-steps", "2,4"];
+        let e = check(&steps).unwrap_err().to_string();
+        assert!(e.contains("4 is more than the 2 workers"), "{e}");
         let steps = ["--spawn-workers", "4", "--scale", "--scale-steps", "2,4"];
         check(&[&steps[..], &["--kill-worker-at", "30%"]].concat()).unwrap();
     }
