@@ -78,7 +78,8 @@ pub struct ScalePoint {
     pub workers: usize,
     pub throughput_jobs_per_s: f64,
     pub p99_ms: f64,
-    /// Throughput relative to one worker.
+    /// Throughput relative to one worker's: the K=1 step's, or, when the run had none, the
+    /// first step's throughput divided by its worker count.
     pub speedup: f64,
 }
 
@@ -451,13 +452,21 @@ impl Report {
         if let Some(points) = &self.scaling {
             let _ = writeln!(
                 s,
-                "\n## Scaling\n\n| workers | jobs/s | speedup | p99 ms |\n|---|---|---|---|"
+                "\n## Scaling\n\n| workers | jobs/s | speedup vs one worker | p99 ms |\n\
+                 |---|---|---|---|"
             );
             for p in points {
                 let _ = writeln!(
                     s,
                     "| {} | {:.1} | {:.2}× | {:.2} |",
                     p.workers, p.throughput_jobs_per_s, p.speedup, p.p99_ms
+                );
+            }
+            if let Some(first) = points.first().filter(|p| p.workers > 1) {
+                let _ = writeln!(
+                    s,
+                    "\nNo step ran one worker: its rate is taken as the first step's ÷ {}.",
+                    first.workers
                 );
             }
             s.push_str("\n![throughput vs workers](scaling.svg)\n");
@@ -685,6 +694,20 @@ mod tests {
         assert!((pts[1].speedup - 1.8).abs() < 1e-9);
         assert!((pts[2].speedup - 2.0).abs() < 1e-9);
         assert!(scaling_points(&[]).is_empty());
+        // The report says how one worker's rate was found.
+        let mut r = Report::build(
+            &mut [],
+            &[],
+            &[],
+            serde_json::json!({}),
+            Environment::default(),
+        );
+        r.scaling = Some(pts);
+        assert!(!r.markdown().contains("No step ran one worker"));
+        r.scaling = Some(scaling_points(&[(2, 180.0, 6.0), (4, 200.0, 30.0)]));
+        assert!((r.scaling.as_ref().unwrap()[1].speedup - 200.0 / 90.0).abs() < 1e-9);
+        let md = r.markdown();
+        assert!(md.contains("No step ran one worker: its rate is taken as the first step's ÷ 2"));
 
         let steps = vec![
             ramp_step(100.0, 99.0, 10.0, 0.0, 100.0, 0.01),
