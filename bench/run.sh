@@ -144,7 +144,9 @@ HUMANEVAL=${FORKBOX_HUMANEVAL:-../shared/data/HumanEval.jsonl.gz}
 "$LOADGEN" --redis "$URL/0" --queue humaneval --jobs 164 --mix humaneval --humaneval "$HUMANEVAL" \
     --spawn-workers 1 --slots "$WORKERS" --concurrency 164 --report "$RAW/forkbox-humaneval" --quiet \
     >"$RAW/forkbox-humaneval.log" 2>&1 || say "forkbox HumanEval run failed; see $RAW/forkbox-humaneval.log"
-capture humaneval-mp "$PY" bench/peers/humaneval_mp.py --data "$HUMANEVAL" --workers "$WORKERS"
+capture humaneval-mp "$PY" bench/peers/humaneval_mp.py --data "$HUMANEVAL" --workers "$WORKERS" --style lean
+capture humaneval-reference "$PY" bench/peers/humaneval_mp.py --data "$HUMANEVAL" --workers "$WORKERS" \
+    --style reference
 
 say "4. scaling (K = 1, 2, 4) and the Redis ceiling"
 HOSTS=(--hosts 4)
