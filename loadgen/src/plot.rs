@@ -348,17 +348,11 @@ pub fn write_all(report: &Report, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 mod tests {
     use super::*;
     use crate::driver::{Fault, FaultEvent};
-    use crate::report::{ramp_step, scaling_points, Environment, PhaseSummary, RampSummary};
+    use crate::report::{ramp_step, scaling_points, PhaseSummary, RampSummary};
     use crate::stats::{Percentiles, Window};
 
     fn report() -> Report {
-        let mut r = Report::build(
-            &mut [],
-            &[],
-            &[],
-            serde_json::json!({}),
-            Environment::default(),
-        );
+        let mut r = Report::empty();
         r.timeline = (0..10)
             .map(|i| Window {
                 t_s: i as f64,

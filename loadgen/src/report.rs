@@ -182,6 +182,18 @@ fn add_counts(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
 }
 
 impl Report {
+    /// A report of no phases, for tests to fill in.
+    #[cfg(test)]
+    pub(crate) fn empty() -> Report {
+        Report::build(
+            &mut [],
+            &[],
+            &[],
+            serde_json::json!({}),
+            Environment::default(),
+        )
+    }
+
     pub fn build(
         phases: &mut [MeasuredPhase],
         tags: &[String],
@@ -695,13 +707,7 @@ mod tests {
         assert!((pts[2].speedup - 2.0).abs() < 1e-9);
         assert!(scaling_points(&[]).is_empty());
         // The report says how one worker's rate was found.
-        let mut r = Report::build(
-            &mut [],
-            &[],
-            &[],
-            serde_json::json!({}),
-            Environment::default(),
-        );
+        let mut r = Report::empty();
         r.scaling = Some(pts);
         assert!(!r.markdown().contains("No step ran one worker"));
         r.scaling = Some(scaling_points(&[(2, 180.0, 6.0), (4, 200.0, 30.0)]));
