@@ -113,8 +113,9 @@ fn worker_steps(args: &Args) -> anyhow::Result<Vec<usize>> {
     Ok(steps)
 }
 
-/// Checks the combinations of options that clap cannot express.
-fn validate(args: &Args) -> anyhow::Result<()> {
+/// Checks the combinations of options that clap cannot express; returns the worker counts of
+/// the measured phases.
+fn validate(args: &Args) -> anyhow::Result<Vec<usize>> {
     if !args.ramp {
         ensure!(
             args.jobs.is_some() || args.duration.is_some(),
@@ -158,11 +159,11 @@ fn validate(args: &Args) -> anyhow::Result<()> {
         ensure!(!args.scale, "--ramp and --scale are separate runs");
         ensure!(args.ramp_start > 0.0, "--ramp-start must be positive");
     }
-    Ok(())
+    Ok(steps)
 }
 
 pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Report> {
-    validate(&args)?;
+    let steps = validate(&args)?;
     let t0 = Instant::now();
     let run = args.run_id.clone().unwrap_or_else(run_id);
     let mix = Mix::from_arg(&args.mix)?;
@@ -266,7 +267,6 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
     }
     let redis_version = redis_version(driver.client()).await;
 
-    let steps = worker_steps(&args)?;
     let length = match (args.jobs, args.duration) {
         (Some(n), _) => Stop::Jobs(n),
         (None, Some(d)) => Stop::After(Duration::from_secs_f64(d)),
@@ -447,7 +447,7 @@ mod tests {
     use super::*;
     use clap::Parser as _;
 
-    fn check(extra: &[&str]) -> anyhow::Result<()> {
+    fn check(extra: &[&str]) -> anyhow::Result<Vec<usize>> {
         let mut argv = vec!["forkbox-loadgen", "--jobs", "10"];
         argv.extend_from_slice(extra);
         validate(&Args::try_parse_from(argv).unwrap())

@@ -155,15 +155,19 @@ fn writable(root: &Path, disk: &Path, rel: &str, mode: u32) -> Result<PathBuf, S
     let (dir, target) = (disk.join(rel), root.join(rel));
     fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).map_err(io_fail("chmod", &dir))?;
+    bind(&dir, &target, MsFlags::empty()).map_err(fail("bind", &target))?;
+    Ok(target)
+}
+
+/// Bind-mounts `src` on `target`, with `flags` added to `MS_BIND`.
+fn bind(src: &Path, target: &Path, flags: MsFlags) -> nix::Result<()> {
     mount(
-        Some(&dir),
-        &target,
+        Some(src),
+        target,
         None::<&str>,
-        MsFlags::MS_BIND,
+        MsFlags::MS_BIND | flags,
         None::<&str>,
     )
-    .map_err(fail("bind", &target))?;
-    Ok(target)
 }
 
 /// Exposes one host directory (or recreates one host symlink) under `root`.
@@ -219,14 +223,7 @@ fn overlay(lower: &Path, target: &Path, layer: &Path) -> Result<(), SetupError> 
 }
 
 fn read_only_bind(dir: &Path, target: &Path) -> Result<(), SetupError> {
-    mount(
-        Some(dir),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(fail("bind", target))?;
+    bind(dir, target, MsFlags::MS_REC).map_err(fail("bind", target))?;
     let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
     mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
         .map_err(fail("remount read-only", target))
@@ -236,14 +233,7 @@ fn populate_dev(dev: &Path) -> Result<(), SetupError> {
     for name in DEVICES {
         let (host, node) = (Path::new("/dev").join(name), dev.join(name));
         fs::File::create(&node).map_err(io_fail("create", &node))?;
-        mount(
-            Some(&host),
-            &node,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .map_err(fail("bind device", &host))?;
+        bind(&host, &node, MsFlags::empty()).map_err(fail("bind device", &host))?;
     }
     for (name, dest) in [
         ("fd", "/proc/self/fd"),
