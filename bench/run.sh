@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks, all measured in this one run on this machine:
 #   1. spawn: bare fork+exec, forkbox sandbox, bubblewrap (`forkbox bench spawn`);
-#   2. queue throughput of /bin/true jobs: forkbox vs RQ (forking and SimpleWorker) vs Celery
-#      prefork on the same Redis with the same number of worker processes, and the unsandboxed
-#      ceiling of W processes spawning /bin/true in a loop;
+#   2. queue throughput of /bin/true jobs: forkbox (a drained backlog, measured as the peers
+#      are, and a closed loop) vs RQ (forking and SimpleWorker) vs Celery prefork on the same
+#      Redis with the same number of worker processes, and the unsandboxed ceiling of W
+#      processes spawning /bin/true in a loop;
 #   3. HumanEval's 164 canonical solutions: forkbox vs one multiprocessing.Process per problem;
 #   2b. where a queue job's CPU time goes: the same run under `perf record -a`, by role
 #       (bench/profile.py), skipped with the reason where perf is unavailable;
@@ -120,6 +121,10 @@ redis-cli -p "$PORT" info cpu >"$RAW/redis-cpu-before.txt"
     say "forkbox throughput run failed; see $RAW/forkbox-noop.log"
 redis-cli -p "$PORT" info cpu >"$RAW/redis-cpu-after.txt"
 redis-cli -p "$PORT" info commandstats >"$RAW/redis-commandstats.txt"
+# The same jobs as a backlog: all enqueued before the node starts, measured as the peers are.
+"$LOADGEN" --redis "$URL/0" --queue backlog --jobs "$JOBS" --backlog --spawn-workers 1 --slots "$WORKERS" \
+    --report "$RAW/forkbox-backlog" --quiet >"$RAW/forkbox-backlog.log" 2>&1 ||
+    say "forkbox backlog run failed; see $RAW/forkbox-backlog.log"
 
 say "2b. where a queue job's CPU time goes (perf)"
 # The same kind of run, machine-wide under perf, split into roles by bench/profile.py.

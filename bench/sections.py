@@ -109,34 +109,44 @@ def queue(raw):
     peers = [("RQ, forking worker", load(raw, "rq-fork.json")),
              ("RQ, SimpleWorker", load(raw, "rq-simple.json")),
              ("Celery, prefork", load(raw, "celery.json"))]
-    fb = load(raw, "forkbox-noop/report.json")
-    fb_tp = fb.get("throughput_jobs_per_s")
+    # forkbox two ways: a backlog drained, measured as the peers are (the targets are judged on
+    # it), and a closed loop with the load generator sending and reading alongside.
+    backlog = load(raw, "forkbox-backlog/report.json")
+    closed = load(raw, "forkbox-noop/report.json")
     best_peer = max((p.get("jobs_per_s") or 0 for _, p in peers), default=0)
     cap = ceiling.get("jobs_per_s")
     rows = []
-    if "error" not in fb:
-        rows.append(["forkbox (full sandbox)", fmt(fb_tp), ratio(fb_tp, best_peer), ratio(fb_tp, cap),
-                     f"{fb.get('completed')} done, {fb.get('lost')} lost, {fb.get('duplicated')} duplicated"])
+    for name, fb in [("forkbox (full sandbox), backlog drained", backlog),
+                     ("forkbox (full sandbox), closed loop", closed)]:
+        if "error" not in fb:
+            tp = fb.get("throughput_jobs_per_s")
+            rows.append([name, fmt(tp), ratio(tp, best_peer), ratio(tp, cap),
+                         f"{fb.get('completed')} done, {fb.get('lost')} lost, {fb.get('duplicated')} duplicated"])
     for name, p in peers:
         if "error" not in p:
             rows.append([name, fmt(p.get("jobs_per_s")), ratio(p.get("jobs_per_s"), best_peer),
                          ratio(p.get("jobs_per_s"), cap), f"{p.get('completed')} done, {p.get('failed')} failed"])
     if "error" not in ceiling:
         rows.append(["no queue, no isolation: processes spawning /bin/true", fmt(cap), ratio(cap, best_peer), "1.00×", ""])
-    notes = errors(ceiling, fb, *(p for _, p in peers))
+    notes = errors(ceiling, backlog, closed, *(p for _, p in peers))
+    fb_tp = backlog.get("throughput_jobs_per_s")
     if fb_tp and best_peer and cap:
-        notes.append(f"Targets: forkbox ≥ 3× the fastest peer: {fb_tp / best_peer:.2f}× "
-                     f"({'met' if fb_tp >= 3 * best_peer else 'not met'}); ≥ 50% of the unsandboxed ceiling: "
-                     f"{100 * fb_tp / cap:.0f}% ({'met' if fb_tp >= 0.5 * cap else 'not met'}).")
-    p = fb.get("parameters", {})
-    notes.append(f"forkbox: one node with {p.get('slots')} slots, closed loop of {p.get('concurrency')} jobs in flight, "
-                 "throughput from the first job's send to the last result (queue hops included). Peers: jobs "
+        notes.append(f"Targets, on the backlog row (measured as the peers are): forkbox ≥ 3× the fastest peer: "
+                     f"{fb_tp / best_peer:.2f}× ({'met' if fb_tp >= 3 * best_peer else 'not met'}); ≥ 50% of "
+                     f"the unsandboxed ceiling: {100 * fb_tp / cap:.0f}% "
+                     f"({'met' if fb_tp >= 0.5 * cap else 'not met'}).")
+    p = backlog.get("parameters") or closed.get("parameters") or {}
+    notes.append(f"forkbox: one node with {p.get('slots')} slots. Backlog: every job enqueued before the node "
+                 "starts (`forkbox-loadgen --backlog`), throughput from the first result to the last, so neither "
+                 "enqueueing nor start-up is in it. Closed loop: "
+                 f"{closed.get('parameters', {}).get('concurrency')} jobs kept in flight, from the first send to "
+                 "the last result, with the load generator sending and reading on the same cores. Peers: jobs "
                  "enqueued first, throughput from the first job's start to the last job's end as the jobs "
                  "recorded them (worker start-up excluded). Each peer job is `subprocess.run([\"/bin/true\"])`.")
-    if fb.get("latency_ms"):
-        l = fb["latency_ms"]
-        notes.append(f"forkbox enqueue-to-result latency: p50 {l['p50']:.2f} ms, p99 {l['p99']:.2f} ms, "
-                     f"p99.9 {l['p999']:.2f} ms; spawn p50 {fb['spawn_us']['p50']:.0f} µs.")
+    if closed.get("latency_ms"):
+        l = closed["latency_ms"]
+        notes.append(f"forkbox closed-loop enqueue-to-result latency: p50 {l['p50']:.2f} ms, p99 {l['p99']:.2f} ms, "
+                     f"p99.9 {l['p999']:.2f} ms; spawn p50 {closed['spawn_us']['p50']:.0f} µs.")
     return {"section": "queue", "order": 20, "title": "Queue throughput: /bin/true jobs",
             "intro": "Same Redis, same number of worker processes, same job count.",
             "tables": [{"columns": ["system", "jobs/s", "vs fastest peer", "vs ceiling", "outcome"], "rows": rows}],

@@ -91,3 +91,29 @@ def test_section_judges_forkbox_against_each_baseline(tmp_path):
     s = sections.humaneval(str(raw))
     assert any("not measured" in n and "boom" in n for n in s["notes"])
     assert not any(n.startswith("Target") for n in s["notes"])
+
+
+def test_queue_section_judges_the_backlog_row_and_shows_both(tmp_path):
+    raw = tmp_path
+    done = {"completed": 100, "lost": 0, "duplicated": 0}
+    write(raw, "forkbox-backlog/report.json", {**done, "throughput_jobs_per_s": 600.0,
+                                               "parameters": {"slots": 2, "backlog": True}})
+    write(raw, "forkbox-noop/report.json", {**done, "throughput_jobs_per_s": 500.0,
+                                            "parameters": {"slots": 2, "concurrency": 32}})
+    write(raw, "celery.json", {"jobs_per_s": 200.0, "completed": 100, "failed": 0})
+    write(raw, "rq-fork.json", {"jobs_per_s": 100.0, "completed": 100, "failed": 0})
+    write(raw, "rq-simple.json", {"error": "exit 1: boom"})
+    write(raw, "ceiling.json", {"jobs_per_s": 1000.0})
+    s = sections.queue(str(raw))
+    rows = s["tables"][0]["rows"]
+    assert rows[0][:4] == ["forkbox (full sandbox), backlog drained", "600", "3.00×", "0.60×"]
+    assert rows[1][:4] == ["forkbox (full sandbox), closed loop", "500", "2.50×", "0.50×"]
+    assert [r[0] for r in rows[2:]] == ["RQ, forking worker", "Celery, prefork",
+                                        "no queue, no isolation: processes spawning /bin/true"]
+    target = next(n for n in s["notes"] if n.startswith("Targets"))
+    assert "3.00× (met)" in target and "60% (met)" in target
+    assert any("boom" in n for n in s["notes"])
+
+    write(raw, "forkbox-backlog/report.json", {**done, "throughput_jobs_per_s": 300.0})
+    target = next(n for n in sections.queue(str(raw))["notes"] if n.startswith("Targets"))
+    assert "1.50× (not met)" in target and "30% (not met)" in target

@@ -9,7 +9,7 @@ use serde::Serialize;
 /// duplicated jobs.
 #[derive(Debug, Clone, Parser, Serialize)]
 #[command(name = "forkbox-loadgen", version)]
-#[command(group(ArgGroup::new("load").args(["concurrency", "rate", "ramp"])))]
+#[command(group(ArgGroup::new("load").args(["concurrency", "rate", "ramp", "backlog"])))]
 #[command(group(ArgGroup::new("length").args(["jobs", "duration"])))]
 pub struct Args {
     /// Redis URL. Without it, the load generator starts its own redis-server (required by
@@ -35,6 +35,13 @@ pub struct Args {
     /// sustainable throughput.
     #[arg(long)]
     pub ramp: bool,
+    /// Backlog: enqueue all --jobs N before any spawned worker starts, then measure how fast the
+    /// workers drain the queue (a batch evaluation's case). Throughput counts from the first
+    /// result to the last, so neither the enqueueing nor the workers' start-up is in it; latency
+    /// includes the time each job waited in the queue. Without --spawn-workers, workers that
+    /// are already running take jobs as soon as they land.
+    #[arg(long)]
+    pub backlog: bool,
     /// Workload mix, `KIND[:ARG][:WEIGHT],...` (kinds: noop, python, sleep, cpu, humaneval,
     /// hostile, jsonl:FILE), or a file holding one.
     #[arg(long, default_value = "noop")]

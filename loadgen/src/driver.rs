@@ -47,6 +47,9 @@ pub enum Load {
     Closed { concurrency: usize },
     /// Send `rate` jobs per second on a fixed schedule, whatever the results do.
     Open { rate: f64 },
+    /// Send every job at once, then let the cluster's workers start ([`Cluster::release`]),
+    /// and measure from the first result to the last.
+    Backlog,
 }
 
 /// When a phase stops sending.
@@ -75,6 +78,10 @@ pub struct FaultEvent {
 
 /// The part of the cluster a phase can act on: inject faults and check the nodes still run.
 pub trait Cluster: Send {
+    /// Starts the workers held back while a backlog was enqueued; false when none were.
+    fn release(&mut self) -> anyhow::Result<bool> {
+        Ok(false)
+    }
     fn inject(&mut self, fault: Fault) -> anyhow::Result<String>;
     /// Fails when a node died that was not killed on purpose.
     fn check(&mut self) -> anyhow::Result<()>;
@@ -97,6 +104,8 @@ pub struct PhaseOutcome {
     pub recorder: Recorder,
     pub faults: Vec<FaultEvent>,
     pub interrupted: bool,
+    /// Jobs enqueued when held-back workers were started (a backlog run that spawned them).
+    pub workers_released_after: Option<u64>,
     /// Seconds since the run began.
     pub started_s: f64,
     pub ended_s: f64,
@@ -479,6 +488,9 @@ impl Driver {
         rx: &mut mpsc::UnboundedReceiver<Arrivals>,
     ) -> anyhow::Result<PhaseOutcome> {
         let mut rec = Recorder::new(self.t0, source.labels().len());
+        rec.drain_window = spec.load == Load::Backlog;
+        let mut released = false;
+        let mut workers_released_after = None;
         let start = Instant::now();
         let started_s = start.duration_since(self.t0).as_secs_f64();
         let id_prefix = format!("{}-{}-", self.run, spec.tag);
@@ -514,7 +526,8 @@ impl Driver {
                 if !more {
                     sending = false;
                     last_activity = now;
-                } else if rec.outstanding() > 0
+                } else if spec.load != Load::Backlog
+                    && rec.outstanding() > 0
                     && now.duration_since(last_activity) >= spec.drain_timeout
                 {
                     // Jobs in flight and not one result for a whole drain timeout: the workers
@@ -561,6 +574,12 @@ impl Driver {
                             wake = Some(now);
                         }
                     }
+                    Load::Backlog => {
+                        while batch.len() < SEND_BATCH && rec.records.len() < limit {
+                            batch.push(self.plan(spec, source, &mut rec, now));
+                        }
+                        wake = Some(now);
+                    }
                 }
                 if !batch.is_empty() {
                     let sent_at = Instant::now();
@@ -573,6 +592,19 @@ impl Driver {
                     self.send(conn, &jobs, deadline).await?;
                 }
             } else {
+                if !released && spec.load == Load::Backlog && !interrupted {
+                    released = true;
+                    if let Some(c) = cluster.as_deref_mut() {
+                        if tokio::task::block_in_place(|| c.release())? {
+                            workers_released_after = Some(rec.sent_count() as u64);
+                            self.note(format!(
+                                "{} jobs enqueued; workers started",
+                                rec.sent_count()
+                            ));
+                        }
+                    }
+                    last_activity = Instant::now();
+                }
                 if rec.outstanding() == 0 {
                     let at = *all_done_at.get_or_insert(now);
                     if now.duration_since(at) >= DUPLICATE_GRACE {
@@ -636,6 +668,7 @@ impl Driver {
         }
         progress.update(&rec, start, spec);
         Ok(PhaseOutcome {
+            workers_released_after,
             recorder: rec,
             faults: fired,
             interrupted,

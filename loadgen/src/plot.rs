@@ -426,6 +426,8 @@ mod tests {
             unexpected: 0,
             throughput_jobs_per_s: 4.0,
             latency_ms: Percentiles::default(),
+            sent_before_first_result: Some(10),
+            workers_started_after: None,
         }
     }
 

@@ -71,6 +71,12 @@ pub struct PhaseSummary {
     pub unexpected: u64,
     pub throughput_jobs_per_s: f64,
     pub latency_ms: Percentiles,
+    /// Jobs already enqueued when the first result arrived (all of them, for a backlog run).
+    #[serde(default)]
+    pub sent_before_first_result: Option<u64>,
+    /// Jobs already enqueued when the spawned workers were started (backlog runs only).
+    #[serde(default)]
+    pub workers_started_after: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -171,6 +177,8 @@ impl MeasuredPhase {
             unexpected: r.unexpected,
             throughput_jobs_per_s: r.throughput(),
             latency_ms: percentiles_ms(&r.latency),
+            sent_before_first_result: r.sent_at_first_result.map(|n| n as u64),
+            workers_started_after: self.outcome.workers_released_after,
         }
     }
 }
@@ -240,6 +248,7 @@ impl Report {
             unexpected += r.unexpected;
             foreign += r.foreign;
             elapsed += r.elapsed_s();
+            stream_completed += r.throughput_count();
             error_samples.extend(r.error_samples.iter().cloned());
             for (k, ks) in r.kinds.iter().enumerate() {
                 let label = labels.get(k).cloned().unwrap_or_else(|| k.to_string());
@@ -261,9 +270,6 @@ impl Report {
                 }
                 if rec.results > 0 {
                     e.completed += 1;
-                    if !rec.late {
-                        stream_completed += 1;
-                    }
                 }
                 late += u64::from(rec.late);
                 if let Some(task) = &rec.task {
@@ -401,6 +407,18 @@ impl Report {
              coordinated omission); from the actual send time: p50 {:.2} ms, p99 {:.2} ms.\n",
             self.service_latency_ms.p50, self.service_latency_ms.p99
         );
+        for p in self.phases.iter().filter(|p| p.load["mode"] == "backlog") {
+            let started = match p.workers_started_after {
+                Some(n) => format!("the spawned workers started once {n} were in the queue"),
+                None => "workers already running took them as they landed".into(),
+            };
+            let _ = writeln!(
+                s,
+                "Backlog of {} jobs: {started}. Throughput counts from the first result to the \
+                 last; latency includes each job's wait in the queue.\n",
+                p.enqueued
+            );
+        }
         if !self.by_kind.is_empty() {
             let _ = writeln!(
                 s,
@@ -630,6 +648,7 @@ mod tests {
                 recorder: rec,
                 faults: Vec::new(),
                 interrupted: false,
+                workers_released_after: None,
                 started_s: 0.0,
                 ended_s: 1.0,
             },

@@ -27,11 +27,32 @@ use forkbox_queue::{RedisServer, RedisServerOptions};
 /// Workers and Redis as the phases see them.
 struct LocalCluster<'a> {
     fleet: Fleet,
+    /// Workers to start when a backlog is in: (fleet name, worker count).
+    held_back: Option<(String, usize)>,
+    worker_cfg: Option<&'a WorkerConfig>,
+    netns: &'a [String],
     redis: Option<&'a mut RedisServer>,
     log_dir: PathBuf,
 }
 
+impl LocalCluster<'_> {
+    fn start(&mut self, name: &str, count: usize) -> anyhow::Result<()> {
+        if let Some(cfg) = self.worker_cfg {
+            self.fleet =
+                tokio::task::block_in_place(|| Fleet::start(cfg, name, count, self.netns))?;
+        }
+        Ok(())
+    }
+}
+
 impl Cluster for LocalCluster<'_> {
+    fn release(&mut self) -> anyhow::Result<bool> {
+        match self.held_back.take() {
+            Some((name, count)) => self.start(&name, count).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
     fn inject(&mut self, fault: Fault) -> anyhow::Result<String> {
         match fault {
             Fault::KillWorker => {
@@ -153,6 +174,17 @@ fn validate(args: &Args) -> anyhow::Result<Vec<usize>> {
             } else {
                 ": give --spawn-workers 2 or more"
             }
+        );
+    }
+    if args.backlog {
+        ensure!(
+            args.jobs.is_some(),
+            "--backlog enqueues a known number of jobs at once: give --jobs N, not --duration"
+        );
+        ensure!(
+            args.warmup.is_none(),
+            "--warmup does not apply to --backlog: its throughput counts from the first result, \
+             so the workers' start-up is not in it"
         );
     }
     if args.ramp {
@@ -288,19 +320,25 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
         if *cancel.borrow() {
             break;
         }
-        let fleet = match &worker_cfg {
-            Some(cfg) if k > 0 => tokio::task::block_in_place(|| {
-                Fleet::start(cfg, &format!("{run}-{step}"), k, &netns_names)
-            })?,
-            _ => Fleet::default(),
-        };
         let mut local = LocalCluster {
-            fleet,
+            fleet: Fleet::default(),
+            held_back: None,
+            worker_cfg: worker_cfg.as_ref(),
+            netns: &netns_names,
             redis: own_redis.as_mut(),
             log_dir: log_dir.clone(),
         };
-        let spawned = !local.fleet.nodes.is_empty();
-        let warmup = args.warmup.unwrap_or(if spawned {
+        let spawned = worker_cfg.is_some() && k > 0;
+        let fleet_name = format!("{run}-{step}");
+        if spawned && args.backlog {
+            // Started by the phase once every job is in the queue.
+            local.held_back = Some((fleet_name, k));
+        } else if spawned {
+            local.start(&fleet_name, k)?;
+        }
+        // A backlog run measures from its first result, so start-up needs no warm-up (and
+        // warm-up jobs would need workers running before the backlog is in).
+        let warmup = args.warmup.unwrap_or(if spawned && !args.backlog {
             2 * k as u64 * u64::from(args.slots)
         } else {
             0
@@ -385,6 +423,7 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
                 "run".into()
             });
             let load = match args.rate {
+                _ if args.backlog => Load::Backlog,
                 Some(rate) => Load::Open { rate },
                 None => Load::Closed { concurrency },
             };
@@ -470,5 +509,22 @@ mod tests {
         assert!(e.contains("4 is more than the 2 workers"), "{e}");
         let steps = ["--spawn-workers", "4", "--scale", "--scale-steps", "2,4"];
         check(&[&steps[..], &["--kill-worker-at", "30%"]].concat()).unwrap();
+    }
+
+    #[test]
+    fn a_backlog_needs_a_job_count_and_no_warm_up() {
+        check(&["--backlog", "--spawn-workers", "2"]).unwrap();
+        let e = check(&["--backlog", "--warmup", "4"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--warmup does not apply to --backlog"), "{e}");
+        // A backlog is a job count sent at once: not a duration, a rate or a concurrency.
+        let parse = |argv: &[&str]| Args::try_parse_from([&["forkbox-loadgen"], argv].concat());
+        let by_time = parse(&["--backlog", "--duration", "5"]).unwrap();
+        let e = validate(&by_time).unwrap_err().to_string();
+        assert!(e.contains("give --jobs N"), "{e}");
+        for other in [["--rate", "5"], ["--concurrency", "4"]] {
+            assert!(parse(&[&["--backlog", "--jobs", "10"][..], &other].concat()).is_err());
+        }
     }
 }

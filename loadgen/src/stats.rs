@@ -143,9 +143,15 @@ pub struct Recorder {
     enqueued_per_window: Vec<u64>,
     open_window: Option<(usize, Histogram<u64>, u64, u64)>,
     first_intended_us: Option<u64>,
+    first_done_us: Option<u64>,
     last_done_us: Option<u64>,
     sent_n: usize,
     done_n: usize,
+    /// Jobs sent when the first result arrived.
+    pub sent_at_first_result: Option<usize>,
+    /// Measure throughput from the first result to the last (a drained backlog) rather than
+    /// from the first intended send.
+    pub drain_window: bool,
 }
 
 fn us_since(t0: Instant, t: Instant) -> u64 {
@@ -204,9 +210,12 @@ impl Recorder {
             enqueued_per_window: Vec::new(),
             open_window: None,
             first_intended_us: None,
+            first_done_us: None,
             last_done_us: None,
             sent_n: 0,
             done_n: 0,
+            sent_at_first_result: None,
+            drain_window: false,
         }
     }
 
@@ -309,6 +318,10 @@ impl Recorder {
         }
         rec.done_us = Some(done_us);
         self.done_n += 1;
+        if self.first_done_us.is_none() {
+            self.first_done_us = Some(done_us);
+            self.sent_at_first_result = Some(self.sent_n);
+        }
         let latency = done_us.saturating_sub(rec.intended_us).max(1);
         let service = rec.sent_us.map(|s| done_us.saturating_sub(s).max(1));
         let kind = rec.kind;
@@ -388,23 +401,39 @@ impl Recorder {
         by_index.into_values().collect()
     }
 
-    /// Seconds from the first intended send to the last result.
+    /// Seconds from the first intended send (or, for a drained backlog, the first result) to
+    /// the last result.
     pub fn elapsed_s(&self) -> f64 {
-        match (self.first_intended_us, self.last_done_us) {
+        let from = if self.drain_window {
+            self.first_done_us
+        } else {
+            self.first_intended_us
+        };
+        match (from, self.last_done_us) {
             (Some(a), Some(b)) if b > a => (b - a) as f64 / 1e6,
             _ => 0.0,
         }
     }
 
-    /// Completed jobs (seen on the stream) per second of [`Recorder::elapsed_s`].
+    /// Completed jobs (seen on the stream) per second of [`Recorder::elapsed_s`]. A drained
+    /// backlog's window opens at the first result, so that job's own run is not in it and it
+    /// is not counted: the rate is of the results that came after it.
     pub fn throughput(&self) -> f64 {
-        throughput(
-            self.records
-                .iter()
-                .filter(|r| r.results > 0 && !r.late)
-                .count() as u64,
-            self.elapsed_s(),
-        )
+        throughput(self.throughput_count(), self.elapsed_s())
+    }
+
+    /// The completed jobs [`Recorder::throughput`] counts over [`Recorder::elapsed_s`].
+    pub fn throughput_count(&self) -> u64 {
+        let seen = self
+            .records
+            .iter()
+            .filter(|r| r.results > 0 && !r.late)
+            .count() as u64;
+        if self.drain_window {
+            seen.saturating_sub(1)
+        } else {
+            seen
+        }
     }
 }
 
@@ -573,6 +602,33 @@ mod tests {
         assert!((rec.elapsed_s() - 2.95).abs() < 1e-6);
         assert!((rec.throughput() - 30.0 / 2.95).abs() < 1e-6);
         assert_eq!(throughput(5, 0.0), 0.0);
+    }
+
+    #[test]
+    fn a_drained_backlog_is_measured_from_its_first_result() {
+        let t0 = Instant::now();
+        let mut rec = Recorder::new(t0, 1);
+        rec.drain_window = true;
+        // 11 jobs sent at once; the workers start later, and results come at 1.0 s, then one
+        // every 100 ms.
+        let seqs: Vec<usize> = (0..11).map(|_| rec.plan(0, Expect::Ok, None, t0)).collect();
+        for &seq in &seqs {
+            rec.sent(seq, t0);
+        }
+        for (i, &seq) in seqs.iter().enumerate() {
+            let at = t0 + Duration::from_millis(1000 + 100 * i as u64);
+            rec.result(seq, at, &ok("x"));
+        }
+        assert_eq!(rec.sent_at_first_result, Some(11));
+        assert!((rec.elapsed_s() - 1.0).abs() < 1e-6, "{}", rec.elapsed_s());
+        assert!(
+            (rec.throughput() - 10.0).abs() < 1e-6,
+            "{}",
+            rec.throughput()
+        );
+        // The same results measured from the first send: 11 jobs in 2 s.
+        rec.drain_window = false;
+        assert!((rec.throughput() - 11.0 / 2.0).abs() < 1e-6);
     }
 
     #[test]

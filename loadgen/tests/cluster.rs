@@ -214,3 +214,47 @@ fn a_closed_loop_with_no_worker_left_ends_and_counts_its_jobs_lost() {
     let r = read_report(dir.path());
     assert_eq!((r.enqueued, r.completed, r.lost), (4, 0, 4));
 }
+
+#[test]
+fn a_backlog_is_enqueued_whole_before_the_workers_drain_it() {
+    let Some(bin) = forkbox_worker() else { return };
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadgen(
+        &[
+            "--redis",
+            &redis.url(),
+            "--queue",
+            "lgbacklog",
+            "--jobs",
+            "300",
+            "--backlog",
+            "--spawn-workers",
+            "1",
+            "--slots",
+            "2",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    assert!(out.status.success(), "exit status {}", out.status);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("300 jobs enqueued; workers started"));
+    let r = read_report(dir.path());
+    assert_eq!(
+        (r.enqueued, r.completed, r.lost, r.duplicated),
+        (300, 300, 0, 0)
+    );
+    assert_eq!(r.by_status.get("ok"), Some(&300), "{:?}", r.by_status);
+    let phase = &r.phases[0];
+    assert_eq!(phase.load["mode"], "backlog");
+    // The worker started only once the whole backlog was in the queue.
+    assert_eq!(phase.workers_started_after, Some(300));
+    assert_eq!(phase.sent_before_first_result, Some(300));
+    assert!(r.throughput_jobs_per_s > 0.0);
+    let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(
+        md.contains("Backlog of 300 jobs: the spawned workers started once 300 were in the queue"),
+        "{md}"
+    );
+}
