@@ -48,6 +48,14 @@ fn loadgen(args: &[&str], bin: &Path) -> Output {
     out
 }
 
+/// [`loadgen`] against `redis` for `jobs` jobs on `queue`, with `args` besides.
+fn loadgen_on(redis: &RedisServer, queue: &str, jobs: u32, args: &[&str], bin: &Path) -> Output {
+    let (url, jobs) = (redis.url(), jobs.to_string());
+    let mut all = vec!["--redis", &url, "--queue", queue, "--jobs", &jobs];
+    all.extend_from_slice(args);
+    loadgen(&all, bin)
+}
+
 fn read_report(dir: &Path) -> Report {
     let text = std::fs::read_to_string(dir.join("report.json")).expect("report.json written");
     serde_json::from_str(&text).expect("report.json parses")
@@ -63,14 +71,11 @@ fn five_hundred_jobs_two_workers_every_result_counted() {
     std::fs::write(&jobs, "{\"cmd\":\"exit 3\"}\n").unwrap();
     let report_dir = dir.path().join("report");
     let mix = format!("noop:4,jsonl:{}:1", jobs.display());
-    let out = loadgen(
+    let out = loadgen_on(
+        &redis,
+        "lg500",
+        500,
         &[
-            "--redis",
-            &redis.url(),
-            "--queue",
-            "lg500",
-            "--jobs",
-            "500",
             "--concurrency",
             "16",
             "--mix",
@@ -107,14 +112,11 @@ fn killing_a_worker_mid_run_loses_no_job() {
     let Some(bin) = forkbox_worker() else { return };
     let redis = RedisServer::start().expect("redis-server");
     let dir = tempfile::tempdir().unwrap();
-    let out = loadgen(
+    let out = loadgen_on(
+        &redis,
+        "lgkill",
+        200,
         &[
-            "--redis",
-            &redis.url(),
-            "--queue",
-            "lgkill",
-            "--jobs",
-            "200",
             "--concurrency",
             "8",
             // Jobs long enough that the killed worker holds some when it dies.
@@ -220,14 +222,11 @@ fn a_backlog_is_enqueued_whole_before_the_workers_drain_it() {
     let Some(bin) = forkbox_worker() else { return };
     let redis = RedisServer::start().expect("redis-server");
     let dir = tempfile::tempdir().unwrap();
-    let out = loadgen(
+    let out = loadgen_on(
+        &redis,
+        "lgbacklog",
+        300,
         &[
-            "--redis",
-            &redis.url(),
-            "--queue",
-            "lgbacklog",
-            "--jobs",
-            "300",
             "--backlog",
             "--spawn-workers",
             "1",
