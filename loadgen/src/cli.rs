@@ -8,7 +8,15 @@ use serde::Serialize;
 /// Drives a Forkbox cluster through Redis and reports throughput, latency, and lost or
 /// duplicated jobs.
 #[derive(Debug, Clone, Parser, Serialize)]
-#[command(name = "forkbox-loadgen", version)]
+#[command(
+    name = "forkbox-loadgen",
+    version,
+    after_help = "Exit status: 0 when every job got exactly one result; 1 when a job was lost or \
+                  duplicated, or the run failed; 130 when interrupted. The first Ctrl-C (or \
+                  SIGTERM) stops sending and writes a partial report, a second abandons the run. \
+                  Spawned workers, the load generator's own Redis and the simulated hosts are \
+                  removed on every exit."
+)]
 #[command(group(ArgGroup::new("load").args(["concurrency", "rate", "ramp", "backlog"])))]
 #[command(group(ArgGroup::new("length").args(["jobs", "duration"])))]
 pub struct Args {

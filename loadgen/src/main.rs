@@ -2,8 +2,8 @@
 //!
 //! Exit status: 0 when every job got exactly one result, 1 when a job was lost or duplicated
 //! or the run failed, 130 when interrupted. The first Ctrl-C (or SIGTERM) stops sending and
-//! writes a partial report; the second abandons the run, and the guards still kill the workers
-//! and remove the simulated hosts on the way out.
+//! writes a partial report; the second abandons the run without one, and the guards still kill
+//! the workers and remove the simulated hosts on the way out.
 
 #![forbid(unsafe_code)]
 
@@ -57,6 +57,11 @@ async fn main() -> ExitCode {
             } else {
                 ExitCode::SUCCESS
             }
+        }
+        // Abandoned at the second Ctrl-C: interrupted too, with no report.
+        Err(_) if *abort_rx.borrow() => {
+            eprintln!("forkbox-loadgen: aborted; no report written");
+            ExitCode::from(130)
         }
         Err(e) => {
             eprintln!("forkbox-loadgen: {e:#}");

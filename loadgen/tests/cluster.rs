@@ -257,3 +257,81 @@ fn a_backlog_is_enqueued_whole_before_the_workers_drain_it() {
         "{md}"
     );
 }
+
+/// Starts a 60 s run of two workers in two simulated hosts, waits until its workers serve,
+/// sends it `interrupts` SIGINTs, and returns its exit status and stderr.
+fn interrupted_run(run: &str, queue: &str, interrupts: usize, bin: &Path) -> (Option<i32>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args(["--duration", "60", "--spawn-workers", "2", "--hosts", "2"])
+        .args(["--run-id", run, "--queue", queue, "--quiet"])
+        .env("FORKBOX_BIN", bin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running forkbox-loadgen");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while workers_serving(queue) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the workers never started"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "forkbox-loadgen exited early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Let jobs flow through the simulated network before the interrupt.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    for _ in 0..interrupts {
+        let sent = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprintln!("{stderr}");
+    (out.status.code(), stderr)
+}
+
+/// Worker processes serving `queue`.
+fn workers_serving(queue: &str) -> usize {
+    let out = Command::new("pgrep")
+        .args(["-f", &format!("forkbox worker .*--queues {queue} ")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+#[test]
+fn interrupting_a_run_leaves_no_host_link_or_worker_behind() {
+    if let Err(reason) = forkbox_loadgen::netns::available() {
+        println!("SKIPPED: ip netns is unavailable here: {reason}");
+        return;
+    }
+    let Some(bin) = forkbox_worker() else { return };
+    let tag = std::process::id() % 100_000;
+    // Once: sending stops, a partial report is printed, and everything is torn down.
+    let (run, queue) = (format!("i{tag:05}"), format!("lgint{tag}"));
+    let (code, stderr) = interrupted_run(&run, &queue, 1, &bin);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("the run was interrupted"), "{stderr}");
+    assert_eq!(
+        forkbox_loadgen::netns::leftovers(&run),
+        Vec::<String>::new()
+    );
+    assert_eq!(workers_serving(&queue), 0);
+    // Twice: the run is abandoned at once, and the guards still tear everything down.
+    let (run, queue) = (format!("j{tag:05}"), format!("lgabort{tag}"));
+    let (code, stderr) = interrupted_run(&run, &queue, 2, &bin);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(stderr.contains("aborted; no report written"), "{stderr}");
+    assert_eq!(
+        forkbox_loadgen::netns::leftovers(&run),
+        Vec::<String>::new()
+    );
+    assert_eq!(workers_serving(&queue), 0);
+}
