@@ -234,6 +234,11 @@ async fn read_results(
     }
 }
 
+/// Time between two sends of an open loop.
+fn open_interval(rate: f64) -> Duration {
+    Duration::from_secs_f64(1.0 / rate.max(1e-3))
+}
+
 /// Runs phases against one queue.
 pub struct Driver {
     client: redis::Client,
@@ -519,9 +524,14 @@ impl Driver {
             let now = Instant::now();
             // Stop sending at the job count or duration.
             if sending {
-                let more = match spec.stop {
-                    Stop::Jobs(n) => (rec.records.len() as u64) < n,
-                    Stop::After(d) => now < start + d,
+                let more = match (spec.stop, spec.load) {
+                    (Stop::Jobs(n), _) => (rec.records.len() as u64) < n,
+                    // The schedule decides: a job due before the end is sent even when this
+                    // loop wakes up late.
+                    (Stop::After(d), Load::Open { rate }) => {
+                        open_interval(rate).mul_f64(rec.records.len() as f64) < d
+                    }
+                    (Stop::After(d), _) => now < start + d,
                 };
                 if !more {
                     sending = false;
@@ -560,7 +570,7 @@ impl Driver {
                         }
                     }
                     Load::Open { rate } => {
-                        let interval = Duration::from_secs_f64(1.0 / rate.max(1e-3));
+                        let interval = open_interval(rate);
                         while batch.len() < SEND_BATCH && rec.records.len() < limit {
                             let due = start + interval.mul_f64(rec.records.len() as f64);
                             if due > now || matches!(spec.stop, Stop::After(d) if due >= start + d)

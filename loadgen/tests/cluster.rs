@@ -335,3 +335,180 @@ fn interrupting_a_run_leaves_no_host_link_or_worker_behind() {
     );
     assert_eq!(workers_serving(&queue), 0);
 }
+
+#[test]
+fn an_open_loop_sends_on_its_schedule_and_loses_nothing() {
+    let Some(bin) = forkbox_worker() else { return };
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let out = loadgen(
+        &[
+            "--redis",
+            &url,
+            "--queue",
+            "lgopen",
+            "--rate",
+            "100",
+            "--duration",
+            "2",
+            "--spawn-workers",
+            "1",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    assert!(out.status.success(), "exit status {}", out.status);
+    let r = read_report(dir.path());
+    assert_eq!(r.phases[0].load["mode"], "open");
+    // A fixed schedule: 100 jobs/s for 2 s, whatever the results do.
+    assert_eq!((r.enqueued, r.completed, r.lost), (200, 200, 0));
+    assert_eq!(r.by_status.get("ok"), Some(&200));
+}
+
+#[test]
+fn a_ramp_reports_each_step_and_the_highest_sustained_rate() {
+    let Some(bin) = forkbox_worker() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadgen(
+        &[
+            "--ramp",
+            "--ramp-start",
+            "40",
+            "--ramp-step-secs",
+            "1",
+            "--ramp-max-steps",
+            "2",
+            "--spawn-workers",
+            "1",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    assert!(out.status.success(), "exit status {}", out.status);
+    let r = read_report(dir.path());
+    let ramp = r.ramp.expect("a ramp section");
+    let offered: Vec<f64> = ramp.steps.iter().map(|s| s.offered_jobs_per_s).collect();
+    assert!(offered == [40.0, 80.0] || offered == [40.0], "{offered:?}");
+    // The highest sustainable rate is the achieved rate of the last step within both bounds.
+    let sustained = ramp.steps.iter().take_while(|s| s.sustained).last();
+    assert_eq!(
+        ramp.max_sustainable_jobs_per_s,
+        sustained.map_or(0.0, |s| s.achieved_jobs_per_s)
+    );
+    assert_eq!(r.lost, 0);
+    assert!(dir.path().join("ramp.svg").is_file());
+}
+
+#[test]
+fn the_humaneval_workload_passes_all_164_problems() {
+    let Some(bin) = forkbox_worker() else { return };
+    let data = forkbox_loadgen::humaneval::locate(None);
+    if !data.is_file() {
+        let reason = format!(
+            "no HumanEval data at {} (set FORKBOX_HUMANEVAL)",
+            data.display()
+        );
+        assert!(
+            std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_none(),
+            "{reason}"
+        );
+        println!("SKIPPED: {reason}");
+        return;
+    }
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    let out = loadgen_on(
+        &redis,
+        "lghumaneval",
+        164,
+        &[
+            "--mix",
+            "humaneval",
+            "--humaneval",
+            data.to_str().unwrap(),
+            "--spawn-workers",
+            "1",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    assert!(out.status.success(), "exit status {}", out.status);
+    let r = read_report(dir.path());
+    let h = r.humaneval.expect("a HumanEval section");
+    assert_eq!((h.sent, h.passed), (164, 164), "{:?}", h.not_passed);
+    assert!(h.not_passed.is_empty());
+}
+
+#[test]
+fn every_hostile_program_is_contained_beside_ordinary_jobs() {
+    let Some(bin) = forkbox_worker() else { return };
+    let redis = RedisServer::start().expect("redis-server");
+    let dir = tempfile::tempdir().unwrap();
+    // One of each of the four hostile programs among twelve noop jobs.
+    let out = loadgen_on(
+        &redis,
+        "lghostile",
+        16,
+        &[
+            "--mix",
+            "noop:3,hostile:1",
+            "--concurrency",
+            "4",
+            "--spawn-workers",
+            "1",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    assert!(out.status.success(), "exit status {}", out.status);
+    let r = read_report(dir.path());
+    assert_eq!((r.completed, r.lost, r.unexpected), (16, 0, 0));
+    let h = r.hostile.expect("a hostile section");
+    let names: Vec<&str> = h.programs.keys().map(String::as_str).collect();
+    assert_eq!(names, ["flood", "forkbomb", "loop", "memorybomb"]);
+    for (name, p) in &h.programs {
+        assert_eq!((p.sent, p.contained), (1, 1), "{name}: {p:?}");
+    }
+    assert_eq!(h.programs["loop"].by_status.get("timeout"), Some(&1));
+    assert_eq!(h.programs["flood"].by_status.get("output_limit"), Some(&1));
+    // Every ordinary job's latency is counted on one side or the other.
+    assert_eq!(
+        h.others_beside_hostile_ms.count + h.others_apart_ms.count,
+        12
+    );
+}
+
+#[test]
+fn restarting_redis_mid_run_loses_no_job() {
+    let Some(bin) = forkbox_worker() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    // The load generator's own Redis (with an append-only file), killed and restarted at half.
+    let out = loadgen(
+        &[
+            "--jobs",
+            "300",
+            "--concurrency",
+            "8",
+            "--spawn-workers",
+            "2",
+            "--restart-redis-at",
+            "50%",
+            "--report",
+            dir.path().to_str().unwrap(),
+        ],
+        &bin,
+    );
+    let r = read_report(dir.path());
+    assert_eq!(r.faults.len(), 1, "{:?}", r.faults);
+    assert_eq!(
+        r.faults[0].fault,
+        forkbox_loadgen::driver::Fault::RestartRedis
+    );
+    assert_eq!((r.completed, r.lost, r.duplicated), (300, 0, 0));
+    assert!(out.status.success(), "exit status {}", out.status);
+}
