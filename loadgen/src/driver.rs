@@ -604,15 +604,22 @@ impl Driver {
             } else {
                 if !released && spec.load == Load::Backlog && !interrupted {
                     released = true;
-                    if let Some(c) = cluster.as_deref_mut() {
-                        if tokio::task::block_in_place(|| c.release())? {
-                            workers_released_after = Some(rec.sent_count() as u64);
-                            self.note(format!(
-                                "{} jobs enqueued; workers started",
-                                rec.sent_count()
-                            ));
-                        }
+                    let started = match cluster.as_deref_mut() {
+                        Some(c) => tokio::task::block_in_place(|| c.release())?,
+                        None => false,
+                    };
+                    if started {
+                        workers_released_after = Some(rec.sent_count() as u64);
                     }
+                    self.note(format!(
+                        "{} jobs enqueued; {}",
+                        rec.sent_count(),
+                        if started {
+                            "workers started"
+                        } else {
+                            "draining"
+                        }
+                    ));
                     last_activity = Instant::now();
                 }
                 if rec.outstanding() == 0 {

@@ -419,6 +419,8 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
         } else {
             driver.progress.set_prefix(if args.scale {
                 format!("K={k}")
+            } else if args.backlog {
+                "backlog".into()
             } else {
                 "run".into()
             });
