@@ -602,7 +602,16 @@ impl Driver {
                     self.send(conn, &jobs, deadline).await?;
                 }
             } else {
-                if !released && spec.load == Load::Backlog && !interrupted {
+                if spec.load == Load::Backlog && interrupted {
+                    // A backlog can hold far more jobs than a loop keeps in flight: an
+                    // interrupted one ends now, and the jobs still queued count as lost.
+                    self.note(format!(
+                        "interrupted with {} job(s) of the backlog unanswered; they count as lost",
+                        rec.outstanding()
+                    ));
+                    break;
+                }
+                if !released && spec.load == Load::Backlog {
                     released = true;
                     let started = match cluster.as_deref_mut() {
                         Some(c) => tokio::task::block_in_place(|| c.release())?,

@@ -512,3 +512,60 @@ fn restarting_redis_mid_run_loses_no_job() {
     assert_eq!((r.completed, r.lost, r.duplicated), (300, 0, 0));
     assert!(out.status.success(), "exit status {}", out.status);
 }
+
+#[test]
+fn an_interrupted_backlog_ends_without_waiting_for_its_queue() {
+    let Some(bin) = forkbox_worker() else { return };
+    let redis = RedisServer::start().expect("redis-server");
+    let queue = format!("lgbacklogint{}", std::process::id());
+    // Far more jobs than the worker runs before the interrupt.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args([
+            "--redis",
+            &redis.url(),
+            "--queue",
+            &queue,
+            "--jobs",
+            "100000",
+        ])
+        .args(["--backlog", "--spawn-workers", "1", "--quiet"])
+        .env("FORKBOX_BIN", &bin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("running forkbox-loadgen");
+    let started = std::time::Instant::now();
+    while workers_serving(&queue) < 1 {
+        assert!(started.elapsed().as_secs() < 60, "the worker never started");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "forkbox-loadgen exited early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let interrupted = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if interrupted.elapsed().as_secs() > 30 {
+            // A second Ctrl-C abandons the run, and its guards stop the worker.
+            let _ = Command::new("kill").args(["-INT", &pid]).status();
+            let _ = child.wait();
+            panic!("still draining the backlog 30 s after Ctrl-C");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    eprintln!("{stderr}");
+    assert_eq!(status.code(), Some(130));
+    assert!(stderr.contains("of the backlog unanswered"), "{stderr}");
+    assert_eq!(workers_serving(&queue), 0);
+}
