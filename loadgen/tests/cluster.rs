@@ -48,12 +48,30 @@ fn loadgen(args: &[&str], bin: &Path) -> Output {
     out
 }
 
-/// [`loadgen`] against `redis` for `jobs` jobs on `queue`, with `args` besides.
-fn loadgen_on(redis: &RedisServer, queue: &str, jobs: u32, args: &[&str], bin: &Path) -> Output {
-    let (url, jobs) = (redis.url(), jobs.to_string());
-    let mut all = vec!["--redis", &url, "--queue", queue, "--jobs", &jobs];
-    all.extend_from_slice(args);
-    loadgen(&all, bin)
+/// A finished run against a test Redis of its own.
+struct Run {
+    out: Output,
+    report: Report,
+    /// Holds report.md and the plots.
+    dir: tempfile::TempDir,
+}
+
+/// [`loadgen`] with `args` and a report directory; the load generator starts its own Redis
+/// unless `args` name one.
+fn run_with_report(args: &[&str], bin: &Path) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let mut all = args.to_vec();
+    all.extend(["--report", dir.path().to_str().unwrap()]);
+    let out = loadgen(&all, bin);
+    let report = read_report(dir.path());
+    Run { out, report, dir }
+}
+
+/// [`run_with_report`] on `queue` of a fresh test Redis.
+fn run_on_test_redis(queue: &str, args: &[&str], bin: &Path) -> Run {
+    let redis = RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    run_with_report(&[&["--redis", &url, "--queue", queue], args].concat(), bin)
 }
 
 fn read_report(dir: &Path) -> Report {
@@ -64,33 +82,29 @@ fn read_report(dir: &Path) -> Report {
 #[test]
 fn five_hundred_jobs_two_workers_every_result_counted() {
     let Some(bin) = forkbox_worker() else { return };
-    let redis = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
     // One job in five exits 3: statuses must be counted, not just `ok`.
-    let jobs = dir.path().join("fail.jsonl");
+    let input = tempfile::tempdir().unwrap();
+    let jobs = input.path().join("fail.jsonl");
     std::fs::write(&jobs, "{\"cmd\":\"exit 3\"}\n").unwrap();
-    let report_dir = dir.path().join("report");
     let mix = format!("noop:4,jsonl:{}:1", jobs.display());
-    let out = loadgen_on(
-        &redis,
-        "lg500",
-        500,
-        &[
-            "--concurrency",
-            "16",
-            "--mix",
-            &mix,
-            "--spawn-workers",
-            "2",
-            "--slots",
-            "2",
-            "--report",
-            report_dir.to_str().unwrap(),
-        ],
-        &bin,
-    );
+    let args = [
+        "--jobs",
+        "500",
+        "--concurrency",
+        "16",
+        "--mix",
+        &mix,
+        "--spawn-workers",
+        "2",
+        "--slots",
+        "2",
+    ];
+    let Run {
+        out,
+        report: r,
+        dir,
+    } = run_on_test_redis("lg500", &args, &bin);
     assert!(out.status.success(), "exit status {}", out.status);
-    let r = read_report(&report_dir);
     assert_eq!(r.enqueued, 500);
     assert_eq!(r.completed, 500);
     assert_eq!(r.lost, 0);
@@ -103,39 +117,31 @@ fn five_hundred_jobs_two_workers_every_result_counted() {
     assert!(r.latency_ms.p50 <= r.latency_ms.p99 && r.latency_ms.p99 <= r.latency_ms.max);
     assert_eq!(r.parameters["jobs"], 500);
     for file in ["report.md", "latency.svg", "throughput.svg"] {
-        assert!(report_dir.join(file).is_file(), "{file}");
+        assert!(dir.path().join(file).is_file(), "{file}");
     }
 }
 
 #[test]
 fn killing_a_worker_mid_run_loses_no_job() {
     let Some(bin) = forkbox_worker() else { return };
-    let redis = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let out = loadgen_on(
-        &redis,
-        "lgkill",
-        200,
-        &[
-            "--concurrency",
-            "8",
-            // Jobs long enough that the killed worker holds some when it dies.
-            "--mix",
-            "noop:1,sleep:200ms:1",
-            "--spawn-workers",
-            "2",
-            "--slots",
-            "2",
-            "--kill-worker-at",
-            "30%",
-            "--visibility-timeout-ms",
-            "1500",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
-    let r = read_report(dir.path());
+    let args = [
+        "--jobs",
+        "200",
+        "--concurrency",
+        "8",
+        // Jobs long enough that the killed worker holds some when it dies.
+        "--mix",
+        "noop:1,sleep:200ms:1",
+        "--spawn-workers",
+        "2",
+        "--slots",
+        "2",
+        "--kill-worker-at",
+        "30%",
+        "--visibility-timeout-ms",
+        "1500",
+    ];
+    let Run { out, report: r, .. } = run_on_test_redis("lgkill", &args, &bin);
     assert_eq!(r.faults.len(), 1, "{:?}", r.faults);
     assert_eq!(r.lost, 0);
     assert_eq!(r.duplicated, 0);
@@ -220,26 +226,22 @@ fn a_closed_loop_with_no_worker_left_ends_and_counts_its_jobs_lost() {
 #[test]
 fn a_backlog_is_enqueued_whole_before_the_workers_drain_it() {
     let Some(bin) = forkbox_worker() else { return };
-    let redis = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let out = loadgen_on(
-        &redis,
-        "lgbacklog",
-        300,
-        &[
-            "--backlog",
-            "--spawn-workers",
-            "1",
-            "--slots",
-            "2",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
+    let args = [
+        "--jobs",
+        "300",
+        "--backlog",
+        "--spawn-workers",
+        "1",
+        "--slots",
+        "2",
+    ];
+    let Run {
+        out,
+        report: r,
+        dir,
+    } = run_on_test_redis("lgbacklog", &args, &bin);
     assert!(out.status.success(), "exit status {}", out.status);
     assert!(String::from_utf8_lossy(&out.stderr).contains("300 jobs enqueued; workers started"));
-    let r = read_report(dir.path());
     assert_eq!(
         (r.enqueued, r.completed, r.lost, r.duplicated),
         (300, 300, 0, 0)
@@ -314,53 +316,31 @@ fn interrupting_a_run_leaves_no_host_link_or_worker_behind() {
     }
     let Some(bin) = forkbox_worker() else { return };
     let tag = std::process::id() % 100_000;
-    // Once: sending stops, a partial report is printed, and everything is torn down.
-    let (run, queue) = (format!("i{tag:05}"), format!("lgint{tag}"));
-    let (code, stderr) = interrupted_run(&run, &queue, 1, &bin);
-    assert_eq!(code, Some(130), "{stderr}");
-    assert!(stderr.contains("the run was interrupted"), "{stderr}");
-    assert_eq!(
-        forkbox_loadgen::netns::leftovers(&run),
-        Vec::<String>::new()
-    );
-    assert_eq!(workers_serving(&queue), 0);
-    // Twice: the run is abandoned at once, and the guards still tear everything down.
-    let (run, queue) = (format!("j{tag:05}"), format!("lgabort{tag}"));
-    let (code, stderr) = interrupted_run(&run, &queue, 2, &bin);
-    assert_eq!(code, Some(130), "{stderr}");
-    assert!(stderr.contains("aborted; no report written"), "{stderr}");
-    assert_eq!(
-        forkbox_loadgen::netns::leftovers(&run),
-        Vec::<String>::new()
-    );
-    assert_eq!(workers_serving(&queue), 0);
+    // Once: sending stops, a partial report is printed, and everything is torn down. Twice: the
+    // run is abandoned at once, and the guards still tear everything down.
+    for (interrupts, says) in [
+        (1, "the run was interrupted"),
+        (2, "aborted; no report written"),
+    ] {
+        let (run, queue) = (
+            format!("i{interrupts}{tag:05}"),
+            format!("lgint{interrupts}{tag}"),
+        );
+        let (code, stderr) = interrupted_run(&run, &queue, interrupts, &bin);
+        assert_eq!(code, Some(130), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        let left = forkbox_loadgen::netns::leftovers(&run);
+        assert!(left.is_empty(), "left behind: {left:?}");
+        assert_eq!(workers_serving(&queue), 0);
+    }
 }
 
 #[test]
 fn an_open_loop_sends_on_its_schedule_and_loses_nothing() {
     let Some(bin) = forkbox_worker() else { return };
-    let redis = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let url = redis.url();
-    let out = loadgen(
-        &[
-            "--redis",
-            &url,
-            "--queue",
-            "lgopen",
-            "--rate",
-            "100",
-            "--duration",
-            "2",
-            "--spawn-workers",
-            "1",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
+    let args = ["--rate", "100", "--duration", "2", "--spawn-workers", "1"];
+    let Run { out, report: r, .. } = run_on_test_redis("lgopen", &args, &bin);
     assert!(out.status.success(), "exit status {}", out.status);
-    let r = read_report(dir.path());
     assert_eq!(r.phases[0].load["mode"], "open");
     // A fixed schedule: 100 jobs/s for 2 s, whatever the results do.
     assert_eq!((r.enqueued, r.completed, r.lost), (200, 200, 0));
@@ -370,25 +350,23 @@ fn an_open_loop_sends_on_its_schedule_and_loses_nothing() {
 #[test]
 fn a_ramp_reports_each_step_and_the_highest_sustained_rate() {
     let Some(bin) = forkbox_worker() else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let out = loadgen(
-        &[
-            "--ramp",
-            "--ramp-start",
-            "40",
-            "--ramp-step-secs",
-            "1",
-            "--ramp-max-steps",
-            "2",
-            "--spawn-workers",
-            "1",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
+    let args = [
+        "--ramp",
+        "--ramp-start",
+        "40",
+        "--ramp-step-secs",
+        "1",
+        "--ramp-max-steps",
+        "2",
+        "--spawn-workers",
+        "1",
+    ];
+    let Run {
+        out,
+        report: r,
+        dir,
+    } = run_on_test_redis("lgramp", &args, &bin);
     assert!(out.status.success(), "exit status {}", out.status);
-    let r = read_report(dir.path());
     let ramp = r.ramp.expect("a ramp section");
     let offered: Vec<f64> = ramp.steps.iter().map(|s| s.offered_jobs_per_s).collect();
     assert!(offered == [40.0, 80.0] || offered == [40.0], "{offered:?}");
@@ -418,26 +396,19 @@ fn the_humaneval_workload_passes_all_164_problems() {
         println!("SKIPPED: {reason}");
         return;
     }
-    let redis = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
-    let out = loadgen_on(
-        &redis,
-        "lghumaneval",
-        164,
-        &[
-            "--mix",
-            "humaneval",
-            "--humaneval",
-            data.to_str().unwrap(),
-            "--spawn-workers",
-            "1",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
+    let data = data.to_str().unwrap();
+    let args = [
+        "--jobs",
+        "164",
+        "--mix",
+        "humaneval",
+        "--humaneval",
+        data,
+        "--spawn-workers",
+        "1",
+    ];
+    let Run { out, report: r, .. } = run_on_test_redis("lghumaneval", &args, &bin);
     assert!(out.status.success(), "exit status {}", out.status);
-    let r = read_report(dir.path());
     let h = r.humaneval.expect("a HumanEval section");
     assert_eq!((h.sent, h.passed), (164, 164), "{:?}", h.not_passed);
     assert!(h.not_passed.is_empty());
@@ -446,27 +417,19 @@ fn the_humaneval_workload_passes_all_164_problems() {
 #[test]
 fn every_hostile_program_is_contained_beside_ordinary_jobs() {
     let Some(bin) = forkbox_worker() else { return };
-    let redis = RedisServer::start().expect("redis-server");
-    let dir = tempfile::tempdir().unwrap();
     // One of each of the four hostile programs among twelve noop jobs.
-    let out = loadgen_on(
-        &redis,
-        "lghostile",
-        16,
-        &[
-            "--mix",
-            "noop:3,hostile:1",
-            "--concurrency",
-            "4",
-            "--spawn-workers",
-            "1",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
+    let args = [
+        "--jobs",
+        "16",
+        "--mix",
+        "noop:3,hostile:1",
+        "--concurrency",
+        "4",
+        "--spawn-workers",
+        "1",
+    ];
+    let Run { out, report: r, .. } = run_on_test_redis("lghostile", &args, &bin);
     assert!(out.status.success(), "exit status {}", out.status);
-    let r = read_report(dir.path());
     assert_eq!((r.completed, r.lost, r.unexpected), (16, 0, 0));
     let h = r.hostile.expect("a hostile section");
     let names: Vec<&str> = h.programs.keys().map(String::as_str).collect();
@@ -486,24 +449,17 @@ fn every_hostile_program_is_contained_beside_ordinary_jobs() {
 #[test]
 fn restarting_redis_mid_run_loses_no_job() {
     let Some(bin) = forkbox_worker() else { return };
-    let dir = tempfile::tempdir().unwrap();
     // The load generator's own Redis (with an append-only file), killed and restarted at half.
-    let out = loadgen(
-        &[
-            "--jobs",
-            "300",
-            "--concurrency",
-            "8",
-            "--spawn-workers",
-            "2",
-            "--restart-redis-at",
-            "50%",
-            "--report",
-            dir.path().to_str().unwrap(),
-        ],
-        &bin,
-    );
-    let r = read_report(dir.path());
+    let args = [
+        "--jobs",
+        "300",
+        "--concurrency",
+        "8",
+        "--spawn-workers",
+        "2",
+    ];
+    let Run { out, report: r, .. } =
+        run_with_report(&[&args[..], &["--restart-redis-at", "50%"]].concat(), &bin);
     assert_eq!(r.faults.len(), 1, "{:?}", r.faults);
     assert_eq!(
         r.faults[0].fault,
