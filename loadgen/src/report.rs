@@ -407,16 +407,27 @@ impl Report {
              coordinated omission); from the actual send time: p50 {:.2} ms, p99 {:.2} ms.\n",
             self.service_latency_ms.p50, self.service_latency_ms.p99
         );
-        for p in self.phases.iter().filter(|p| p.load["mode"] == "backlog") {
+        let backlogs: Vec<&PhaseSummary> = self
+            .phases
+            .iter()
+            .filter(|p| p.load["mode"] == "backlog")
+            .collect();
+        for p in &backlogs {
+            let which = match p.workers {
+                Some(k) if backlogs.len() > 1 => format!(" (K={k})"),
+                _ => String::new(),
+            };
             let started = match p.workers_started_after {
                 Some(n) => format!("the spawned workers started once {n} were in the queue"),
                 None => "workers already running took them as they landed".into(),
             };
+            let _ = writeln!(s, "Backlog of {} jobs{which}: {started}.", p.enqueued);
+        }
+        if !backlogs.is_empty() {
             let _ = writeln!(
                 s,
-                "Backlog of {} jobs: {started}. Throughput counts from the first result to the \
-                 last; latency includes each job's wait in the queue.\n",
-                p.enqueued
+                "\nA backlog's throughput counts from its first result to its last; its latency \
+                 includes each job's wait in the queue.\n"
             );
         }
         if !self.by_kind.is_empty() {
@@ -747,5 +758,37 @@ mod tests {
         // A later lucky step does not count once the node saturated.
         assert_eq!(max_sustainable(&steps), 199.0);
         assert_eq!(max_sustainable(&[]), 0.0);
+    }
+
+    #[test]
+    fn backlog_phases_are_told_apart_by_their_worker_count() {
+        let backlog = |workers: usize| PhaseSummary {
+            tag: format!("m{workers}"),
+            workers: Some(workers),
+            load: serde_json::json!({"mode": "backlog"}),
+            started_s: 0.0,
+            ended_s: 1.0,
+            enqueued: 50,
+            completed: 50,
+            lost: 0,
+            duplicated: 0,
+            unexpected: 0,
+            throughput_jobs_per_s: 49.0,
+            latency_ms: Percentiles::default(),
+            sent_before_first_result: Some(50),
+            workers_started_after: Some(50),
+        };
+        let mut r = Report::empty();
+        r.phases = vec![backlog(1)];
+        let md = r.markdown();
+        assert!(md.contains("Backlog of 50 jobs: the spawned workers started once 50 were"));
+        assert_eq!(md.matches("counts from its first result").count(), 1);
+        r.phases = vec![backlog(1), backlog(2)];
+        let md = r.markdown();
+        assert!(md.contains("Backlog of 50 jobs (K=1): "), "{md}");
+        assert!(md.contains("Backlog of 50 jobs (K=2): "), "{md}");
+        assert_eq!(md.matches("counts from its first result").count(), 1);
+        r.phases[0].load = serde_json::json!({"mode": "closed", "concurrency": 4});
+        assert!(!r.markdown().contains("(K=1)"));
     }
 }
