@@ -412,31 +412,15 @@ mod tests {
         assert!(svg.contains("p99 ms (right axis)"));
     }
 
-    fn phase(workers: usize, load: serde_json::Value, started_s: f64) -> PhaseSummary {
-        PhaseSummary {
-            tag: format!("m{workers}"),
-            workers: Some(workers),
-            load,
-            started_s,
-            ended_s: started_s + 2.5,
-            enqueued: 10,
-            completed: 10,
-            lost: 0,
-            duplicated: 0,
-            unexpected: 0,
-            throughput_jobs_per_s: 4.0,
-            latency_ms: Percentiles::default(),
-            sent_before_first_result: Some(10),
-            workers_started_after: None,
-        }
-    }
-
     #[test]
     fn time_plots_name_each_phase_and_fault() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = report();
         let closed = serde_json::json!({"mode": "closed", "concurrency": 4});
-        r.phases = vec![phase(1, closed.clone(), 0.5), phase(2, closed, 3.5)];
+        r.phases = vec![
+            PhaseSummary::for_test(1, closed.clone(), 0.5),
+            PhaseSummary::for_test(2, closed, 3.5),
+        ];
         r.faults = vec![FaultEvent {
             fault: Fault::KillWorker,
             at_s: 4.0,
@@ -451,7 +435,10 @@ mod tests {
         }
 
         let open = |rate: f64| serde_json::json!({"mode": "open", "rate": rate});
-        r.phases = vec![phase(1, open(50.0), 0.5), phase(1, open(100.0), 3.5)];
+        r.phases = vec![
+            PhaseSummary::for_test(1, open(50.0), 0.5),
+            PhaseSummary::for_test(1, open(100.0), 3.5),
+        ];
         r.faults.clear();
         r.ramp = Some(RampSummary {
             p99_bound_ms: 50.0,

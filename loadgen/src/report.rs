@@ -189,6 +189,30 @@ fn add_counts(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
     }
 }
 
+#[cfg(test)]
+impl PhaseSummary {
+    /// A phase of `workers` workers under `load`, 2.5 s from `started_s`, with its 10 jobs all
+    /// answered, for tests to adjust.
+    pub(crate) fn for_test(workers: usize, load: serde_json::Value, started_s: f64) -> Self {
+        PhaseSummary {
+            tag: format!("m{workers}"),
+            workers: Some(workers),
+            load,
+            started_s,
+            ended_s: started_s + 2.5,
+            enqueued: 10,
+            completed: 10,
+            lost: 0,
+            duplicated: 0,
+            unexpected: 0,
+            throughput_jobs_per_s: 4.0,
+            latency_ms: Percentiles::default(),
+            sent_before_first_result: Some(10),
+            workers_started_after: None,
+        }
+    }
+}
+
 impl Report {
     /// A report of no phases, for tests to fill in.
     #[cfg(test)]
@@ -762,21 +786,12 @@ mod tests {
 
     #[test]
     fn backlog_phases_are_told_apart_by_their_worker_count() {
-        let backlog = |workers: usize| PhaseSummary {
-            tag: format!("m{workers}"),
-            workers: Some(workers),
-            load: serde_json::json!({"mode": "backlog"}),
-            started_s: 0.0,
-            ended_s: 1.0,
-            enqueued: 50,
-            completed: 50,
-            lost: 0,
-            duplicated: 0,
-            unexpected: 0,
-            throughput_jobs_per_s: 49.0,
-            latency_ms: Percentiles::default(),
-            sent_before_first_result: Some(50),
-            workers_started_after: Some(50),
+        let backlog = |workers: usize| {
+            let mut p =
+                PhaseSummary::for_test(workers, serde_json::json!({"mode": "backlog"}), 0.0);
+            p.enqueued = 50;
+            p.workers_started_after = Some(50);
+            p
         };
         let mut r = Report::empty();
         r.phases = vec![backlog(1)];
