@@ -28,16 +28,16 @@ pub struct Args {
     #[arg(long, default_value = "loadgen")]
     pub queue: String,
     /// Send N jobs, then wait for their results.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub jobs: Option<u64>,
     /// Send jobs for SECS seconds, then wait for their results.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = positive)]
     pub duration: Option<f64>,
     /// Closed loop: keep C jobs in flight (the default, with C = 2 × workers × slots).
-    #[arg(long, value_name = "C")]
+    #[arg(long, value_name = "C", value_parser = at_least_one)]
     pub concurrency: Option<usize>,
     /// Open loop: send R jobs per second on a fixed schedule.
-    #[arg(long, value_name = "R")]
+    #[arg(long, value_name = "R", value_parser = positive)]
     pub rate: Option<f64>,
     /// Step the rate up until p99 or the error rate crosses its bound; report the highest
     /// sustainable throughput.
@@ -55,21 +55,21 @@ pub struct Args {
     #[arg(long, default_value = "noop")]
     pub mix: String,
     /// Start K local worker nodes.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = at_least_one)]
     pub spawn_workers: Option<usize>,
     /// Slots per spawned worker.
-    #[arg(long, value_name = "S", default_value_t = 2)]
+    #[arg(long, value_name = "S", default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     pub slots: u32,
     /// Put the spawned workers in H network namespaces (simulated hosts) reaching Redis over
     /// veth pairs and a bridge. Needs root.
-    #[arg(long, value_name = "H")]
+    #[arg(long, value_name = "H", value_parser = at_least_one)]
     pub hosts: Option<usize>,
     /// Scaling run: measure with 1..K spawned workers (or --scale-steps) and report throughput
     /// against K.
     #[arg(long, requires = "spawn_workers")]
     pub scale: bool,
     /// Worker counts for --scale, e.g. 1,2,4.
-    #[arg(long, value_delimiter = ',', requires = "scale")]
+    #[arg(long, value_delimiter = ',', requires = "scale", value_parser = at_least_one)]
     pub scale_steps: Option<Vec<usize>>,
     /// SIGKILL one spawned worker when this share of the run is done (e.g. 30%).
     #[arg(long, value_name = "PCT", value_parser = parse_pct)]
@@ -84,7 +84,7 @@ pub struct Args {
     /// in flight (the workers are gone or stuck; the unanswered jobs count as lost). Default:
     /// 30 s, or the longest job's time limit plus 10 s, or twice the visibility timeout plus
     /// 10 s, whichever is longest.
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = positive)]
     pub drain_timeout: Option<f64>,
     /// Noop jobs sent and awaited before measuring (default: 2 × workers × slots when workers
     /// are spawned, else 0).
@@ -100,22 +100,22 @@ pub struct Args {
     #[arg(long = "worker-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub worker_args: Vec<String>,
     /// Ramp: first rate (jobs/s).
-    #[arg(long, default_value_t = 50.0)]
+    #[arg(long, default_value_t = 50.0, value_parser = positive)]
     pub ramp_start: f64,
     /// Ramp: rate added per step (default: --ramp-start).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub ramp_step: Option<f64>,
     /// Ramp: seconds per step.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = positive)]
     pub ramp_step_secs: f64,
     /// Ramp: p99 bound in milliseconds.
-    #[arg(long, default_value_t = 500.0)]
+    #[arg(long, default_value_t = 500.0, value_parser = positive)]
     pub ramp_p99_ms: f64,
     /// Ramp: bound on the share of jobs lost or with an unexpected result.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, value_parser = fraction)]
     pub ramp_max_error_rate: f64,
     /// Ramp: most steps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = at_least_one)]
     pub ramp_max_steps: usize,
     /// Run id, part of every job id and namespace name (default: random, 6 hex digits).
     #[arg(long)]
@@ -123,6 +123,33 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// A count that must be at least 1 (jobs in flight, workers, hosts, steps).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}
+
+/// A rate, a duration or a bound: a finite number above 0.
+fn positive(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        Ok(_) => Err("must be a number above 0".into()),
+        Err(_) => Err(format!("{s:?} is not a number")),
+    }
+}
+
+/// A share between 0 and 1.
+fn fraction(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        Ok(_) => Err("must be between 0 and 1".into()),
+        Err(_) => Err(format!("{s:?} is not a number")),
+    }
 }
 
 /// A share of the run in percent, `30%` or `30`; returned as a fraction.
@@ -147,6 +174,44 @@ mod tests {
         assert_eq!(parse_pct("50"), Ok(0.5));
         assert!(parse_pct("150%").is_err());
         assert!(parse_pct("x").is_err());
+    }
+
+    #[test]
+    fn empty_or_endless_runs_are_refused_at_parse_time() {
+        // Each of these used to start a run that did nothing (and reported success) or never
+        // finished; the error names the flag.
+        for (flag, value) in [
+            ("--jobs", "0"),
+            ("--duration", "0"),
+            ("--duration", "-1"),
+            ("--concurrency", "0"),
+            ("--rate", "0"),
+            ("--rate", "inf"),
+            ("--spawn-workers", "0"),
+            ("--slots", "0"),
+            ("--hosts", "0"),
+            ("--ramp-step-secs", "0"),
+            ("--ramp-max-error-rate", "2"),
+            ("--ramp-max-steps", "0"),
+        ] {
+            let e = Args::try_parse_from(["forkbox-loadgen", &format!("{flag}={value}")])
+                .expect_err(flag)
+                .to_string();
+            assert!(e.contains(flag), "{flag} {value}: {e}");
+        }
+        let a = Args::try_parse_from(["x", "--duration", "0.5", "--rate", "20"]).unwrap();
+        assert_eq!((a.duration, a.rate), (Some(0.5), Some(20.0)));
+        let e = Args::try_parse_from([
+            "x",
+            "--spawn-workers",
+            "2",
+            "--scale",
+            "--scale-steps",
+            "0,2",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("at least 1"), "{e}");
     }
 
     #[test]

@@ -122,7 +122,7 @@ impl PhaseOutcome {
     }
 }
 
-async fn connect(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
+pub(crate) async fn connect(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
     let config = redis::AsyncConnectionConfig::new()
         .set_response_timeout(RESPONSE_TIMEOUT)
         .set_connection_timeout(CONNECT_TIMEOUT);

@@ -525,3 +525,28 @@ fn an_interrupted_backlog_ends_without_waiting_for_its_queue() {
     assert!(stderr.contains("of the backlog unanswered"), "{stderr}");
     assert_eq!(workers_serving(&queue), 0);
 }
+
+#[test]
+fn an_unreachable_redis_fails_the_run_with_its_address_and_no_password() {
+    // A port that was free a moment ago: nothing listens on it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}/0");
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args(["--redis", &url, "--jobs", "10", "--quiet", "--report"])
+        .arg(dir.path())
+        .output()
+        .expect("running forkbox-loadgen");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach Redis at 127.0.0.1:{port}")),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hunter2"), "{stderr}");
+    assert!(!dir.path().join("report.json").exists());
+}
