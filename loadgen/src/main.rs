@@ -50,8 +50,14 @@ async fn main() -> ExitCode {
                 ExitCode::from(130)
             } else if !report.ok {
                 eprintln!(
-                    "forkbox-loadgen: FAILED: {} lost, {} duplicated",
-                    report.lost, report.duplicated
+                    "forkbox-loadgen: FAILED: {} lost, {} duplicated{}",
+                    report.lost,
+                    report.duplicated,
+                    if report.completed == 0 && report.lost > 0 {
+                        " (no job got a result: is a worker serving this queue on this Redis?)"
+                    } else {
+                        ""
+                    }
                 );
                 ExitCode::from(1)
             } else {

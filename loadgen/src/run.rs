@@ -22,7 +22,7 @@ use crate::mix::{JobSource, Mix};
 use crate::netns::{SimulatedHosts, SystemIp};
 use crate::report::{self, Environment, MeasuredPhase, RampSummary, Report};
 use crate::stats::percentiles_ms;
-use forkbox_queue::{RedisServer, RedisServerOptions};
+use forkbox_queue::{Keys, RedisServer, RedisServerOptions};
 
 /// Workers and Redis as the phases see them.
 struct LocalCluster<'a> {
@@ -118,6 +118,41 @@ async fn redis_version(client: &redis::Client) -> anyhow::Result<String> {
         .unwrap_or("")
         .trim()
         .to_owned())
+}
+
+/// Workers whose heartbeat on this queue is live (their keys expire when they stop).
+async fn live_workers(client: &redis::Client, keys: &Keys) -> anyhow::Result<usize> {
+    let mut c = crate::driver::connect(client).await?;
+    let pattern = format!("{}*", glob_escape(&keys.worker("")));
+    let (mut cursor, mut found) = (0u64, 0);
+    loop {
+        let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut c)
+            .await
+            .context("looking for the queue's workers")?;
+        found += batch.len();
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+/// `s` matched literally by a Redis glob pattern.
+fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
 }
 
 /// Worker counts of the measured phases: 1..=K (or `--scale-steps`) for a scaling run, else K
@@ -300,6 +335,16 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
         driver.progress = bar;
     }
     let redis_version = redis_version(driver.client()).await?;
+    if args.spawn_workers.is_none() && live_workers(driver.client(), driver.keys()).await? == 0 {
+        driver.progress.suspend(|| {
+            eprintln!(
+                "forkbox-loadgen: no worker is serving queue {q} on this Redis (no live \
+                 heartbeat); its jobs wait until one starts (forkbox worker --redis URL --queues \
+                 {q}), or give --spawn-workers K",
+                q = args.queue
+            )
+        });
+    }
 
     let length = match (args.jobs, args.duration) {
         (Some(n), _) => Stop::Jobs(n),
@@ -513,6 +558,15 @@ mod tests {
         assert!(e.contains("4 is more than the 2 workers"), "{e}");
         let steps = ["--spawn-workers", "4", "--scale", "--scale-steps", "2,4"];
         check(&[&steps[..], &["--kill-worker-at", "30%"]].concat()).unwrap();
+    }
+
+    #[test]
+    fn glob_patterns_match_queue_names_literally() {
+        assert_eq!(
+            glob_escape("forkbox:{a*b?[c]\\}:"),
+            "forkbox:{a\\*b\\?\\[c\\]\\\\}:"
+        );
+        assert_eq!(glob_escape("plain"), "plain");
     }
 
     #[test]

@@ -550,3 +550,25 @@ fn an_unreachable_redis_fails_the_run_with_its_address_and_no_password() {
     assert!(!stderr.contains("hunter2"), "{stderr}");
     assert!(!dir.path().join("report.json").exists());
 }
+
+#[test]
+fn a_queue_nobody_serves_is_named_before_the_run_and_its_jobs_counted_lost() {
+    let redis = RedisServer::start().expect("redis-server");
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args(["--redis", &url, "--queue", "unserved", "--jobs", "3"])
+        .args(["--drain-timeout", "1", "--quiet", "--report"])
+        .arg(dir.path())
+        .output()
+        .expect("running forkbox-loadgen");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("no worker is serving queue unserved"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("no job got a result"), "{stderr}");
+    let report = read_report(dir.path());
+    assert_eq!((report.completed, report.lost), (0, 3));
+}
