@@ -636,6 +636,35 @@ fn engine(slots: usize) -> Engine {
     .expect("engine")
 }
 
+/// A cancel that lands while the launcher is still writing the job's files, before the program
+/// starts, is the job's cancellation and not a failed sandbox: the node retries a failed
+/// sandbox, and dead-letters it on the last delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_before_its_program_starts_is_cancelled_not_failed() {
+    let engine = tokio::task::spawn_blocking(|| engine(1)).await.unwrap();
+    // 6 MB in 300 files: the launcher writes them for milliseconds before it execs.
+    let job = Job {
+        files: (0..300)
+            .map(|i| (format!("f{i}.txt"), FileData::Text("x".repeat(20_000))))
+            .collect(),
+        ..Job::shell("echo ran")
+    };
+    for _ in 0..5 {
+        let out = engine.run_cancellable(&job, std::future::ready(())).await;
+        assert_eq!(
+            out.status,
+            Status::Cancelled,
+            "{:?} {}",
+            out.error,
+            out.stderr
+        );
+        assert_eq!(out.stdout, "");
+    }
+    // Without the cancel the same job runs, and the engine serves on.
+    let ran = engine.run(&job).await;
+    assert_eq!((ran.status, ran.stdout.as_str()), (Status::Ok, "ran\n"));
+}
+
 /// Prints the job's network namespace cookie (unique for the kernel's lifetime, unlike its
 /// inode number), then whatever `extra` prints.
 fn netns_probe(extra: &str) -> Job {

@@ -488,6 +488,14 @@ impl Engine {
             .and_then(|r| r.setup_error.clone())
             .or_else(|| exit.as_ref().and_then(|e| e.error.clone()));
         if let Some(error) = setup_error {
+            if cancelled {
+                // Our own kill landed before the program started (the launcher was still
+                // writing files, say): the job was cancelled, and its sandbox did not fail.
+                return Ok(Outcome::not_run(
+                    Status::Cancelled,
+                    "cancelled before the program started",
+                ));
+            }
             let mut o = Outcome::not_run(
                 Status::Error,
                 format!("sandbox set-up failed, job not run: {error}"),
