@@ -171,6 +171,14 @@ impl FileData {
             FileData::Base64(b) => base64::engine::general_purpose::STANDARD.decode(b),
         }
     }
+
+    /// How many bytes [`FileData::to_bytes`] gives; fails only on invalid base64.
+    pub fn byte_len(&self) -> Result<usize, base64::DecodeError> {
+        match self {
+            FileData::Text(s) => Ok(s.len()),
+            FileData::Base64(_) => self.to_bytes().map(|b| b.len()),
+        }
+    }
 }
 
 impl Serialize for FileData {
@@ -346,8 +354,40 @@ impl Job {
             }
             no_nul(&format!("env.{k}"), v)?;
         }
-        for path in self.files.keys() {
-            check_relative(&format!("files.{path}"), path)?;
+        if let Some(stdin) = &self.stdin {
+            stdin
+                .byte_len()
+                .map_err(|e| invalid("stdin", format!("invalid base64: {e}")))?;
+        }
+        // Each file once, and none inside another: the launcher would fail writing them.
+        let mut names = BTreeMap::new();
+        for (path, data) in &self.files {
+            let field = format!("files.{path}");
+            check_relative(&field, path)?;
+            data.byte_len()
+                .map_err(|e| invalid(&field, format!("invalid base64: {e}")))?;
+            let name: Vec<&str> = path
+                .split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .collect();
+            if let Some(other) = names.insert(name.join("/"), path) {
+                return Err(invalid(
+                    field,
+                    format!("names the same file as files.{other}"),
+                ));
+            }
+        }
+        for (name, path) in &names {
+            let mut dir = name.as_str();
+            while let Some((parent, _)) = dir.rsplit_once('/') {
+                if let Some(file) = names.get(parent) {
+                    return Err(invalid(
+                        format!("files.{path}"),
+                        format!("its directory {parent} is also a file (files.{file})"),
+                    ));
+                }
+                dir = parent;
+            }
         }
         for (i, pattern) in self.collect.iter().enumerate() {
             check_relative(&format!("collect[{i}]"), pattern)?;
@@ -650,6 +690,43 @@ mod tests {
         .validate()
         .unwrap_err();
         assert!(e.to_string().starts_with("collect[0]"));
+    }
+
+    #[test]
+    fn files_the_launcher_could_not_write_are_invalid_up_front() {
+        let with = |files: &[(&str, FileData)]| Job {
+            files: files
+                .iter()
+                .map(|(p, d)| (p.to_string(), d.clone()))
+                .collect(),
+            ..Job::shell("true")
+        };
+        let text = |s: &str| FileData::Text(s.into());
+        let err = |job: Job| job.validate().unwrap_err().to_string();
+        assert_eq!(
+            err(with(&[("a", text("1")), ("a/b", text("2"))])),
+            "files.a/b: its directory a is also a file (files.a)"
+        );
+        assert_eq!(
+            err(with(&[("d/a", text("1")), ("d/a/x/y", text("2"))])),
+            "files.d/a/x/y: its directory d/a is also a file (files.d/a)"
+        );
+        assert_eq!(
+            err(with(&[("./a", text("1")), ("a", text("2"))])),
+            "files.a: names the same file as files../a"
+        );
+        let e = err(with(&[("bin", FileData::Base64("not base64!".into()))]));
+        assert!(e.starts_with("files.bin: invalid base64"), "{e}");
+        let e = err(Job {
+            stdin: Some(FileData::Base64("%%".into())),
+            ..Job::shell("true")
+        });
+        assert!(e.starts_with("stdin: invalid base64"), "{e}");
+        with(&[("d/a", text("1")), ("d/b", text("2")), ("da", text("3"))])
+            .validate()
+            .unwrap();
+        assert_eq!(FileData::Base64("aGk=".into()).byte_len(), Ok(2));
+        assert_eq!(text("héllo").byte_len(), Ok(6));
     }
 
     #[test]

@@ -665,6 +665,42 @@ async fn a_job_cancelled_before_its_program_starts_is_cancelled_not_failed() {
     assert_eq!((ran.status, ran.stdout.as_str()), (Status::Ok, "ran\n"));
 }
 
+/// Jobs that cannot start name why: files beyond the disk are refused before any sandbox is
+/// used (a retry could not help), and a step of the launcher that fails before exec reports its
+/// own error, not a generic one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_cannot_start_says_why() {
+    let engine = tokio::task::spawn_blocking(|| engine(1)).await.unwrap();
+    let big = Job {
+        files: [("big.bin".to_owned(), FileData::Text("x".repeat(3 << 20)))].into(),
+        limits: Limits {
+            disk_mb: Some(2),
+            ..Limits::default()
+        },
+        ..Job::shell("echo ran")
+    };
+    let out = engine.run(&big).await;
+    assert_eq!(out.status, Status::Invalid, "{:?}", out.error);
+    assert_eq!(
+        out.error.as_deref(),
+        Some("files: 3145728 bytes do not fit the job's disk of 2 MiB (limits.disk_mb)")
+    );
+    // The working directory is a file the job brought: the launcher fails at `cwd`.
+    let cwd_is_a_file = Job {
+        files: [("sub".to_owned(), FileData::Text("x".into()))].into(),
+        cwd: Some("sub/inner".into()),
+        ..Job::shell("echo ran")
+    };
+    let out = engine.run(&cwd_is_a_file).await;
+    assert_eq!(out.status, Status::Error);
+    let error = out.error.unwrap_or_default();
+    assert!(
+        error.starts_with("sandbox set-up failed, job not run: cwd /work/sub/inner: "),
+        "{error}"
+    );
+    assert_eq!(out.stdout, "");
+}
+
 /// Prints the job's network namespace cookie (unique for the kernel's lifetime, unlike its
 /// inode number), then whatever `extra` prints.
 fn netns_probe(extra: &str) -> Job {

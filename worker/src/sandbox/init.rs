@@ -225,8 +225,9 @@ struct JobFds {
 }
 
 /// Reports a failure that stops the job before its program runs, then exits.
-fn abort_job(exec_notify: &OwnedFd, message: &str) -> ! {
-    let _ = nix::unistd::write(exec_notify, message.as_bytes());
+fn abort_job(fds: &JobFds, setup_w: &OwnedFd, message: &str) -> ! {
+    let _ = nix::unistd::write(setup_w, message.as_bytes());
+    let _ = nix::unistd::write(&fds.exec_notify, message.as_bytes());
     sys::exit_now(1)
 }
 
@@ -291,9 +292,9 @@ fn launch(
     let payload: Payload = match fs::File::from(payload_fd).read_to_end(&mut raw) {
         Ok(_) => match serde_json::from_slice(&raw) {
             Ok(p) => p,
-            Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
+            Err(e) => abort_job(&fds, setup_w, &format!("read job: {e}")),
         },
-        Err(e) => abort_job(&fds.exec_notify, &format!("read job: {e}")),
+        Err(e) => abort_job(&fds, setup_w, &format!("read job: {e}")),
     };
     drop(raw);
     let resize_disk_mb =
@@ -304,7 +305,7 @@ fn launch(
         resize_disk_mb,
     };
     if let Err(e) = wire::send(handoff.as_fd(), &handed, &[report.as_fd()]) {
-        abort_job(&fds.exec_notify, &format!("hand the report over: {e}"));
+        abort_job(&fds, setup_w, &format!("hand the report over: {e}"));
     }
     drop(report);
     if resize_disk_mb.is_some() {
@@ -316,13 +317,13 @@ fn launch(
             Ok(Some(wire::Received {
                 message: Resized { error: Some(e) },
                 ..
-            })) => abort_job(&fds.exec_notify, &e),
-            _ => abort_job(&fds.exec_notify, "resize the disk: the init did not answer"),
+            })) => abort_job(&fds, setup_w, &e),
+            _ => abort_job(&fds, setup_w, "resize the disk: the init did not answer"),
         }
     }
     let work = Path::new(&cfg.work_dir);
     if let Err(e) = write_files(work, &payload) {
-        abort_job(&fds.exec_notify, &e);
+        abort_job(&fds, setup_w, &e);
     }
     let cwd = match &payload.job.cwd {
         Some(c) if c.starts_with('/') => PathBuf::from(c),
@@ -331,7 +332,7 @@ fn launch(
     };
     if cwd.starts_with(work) {
         if let Err(e) = fs::create_dir_all(&cwd) {
-            abort_job(&fds.exec_notify, &format!("cwd {}: {e}", cwd.display()));
+            abort_job(&fds, setup_w, &format!("cwd {}: {e}", cwd.display()));
         }
     }
     exec_program(&fds, setup_w, &payload, &cwd)
@@ -381,10 +382,7 @@ fn write_files(work: &Path, payload: &Payload) -> Result<(), String> {
 
 /// The program's side of the fork: the last isolation steps, then exec.
 fn exec_program(fds: &JobFds, setup_w: &OwnedFd, payload: &Payload, cwd: &Path) -> ! {
-    let fail = |message: &str| -> ! {
-        let _ = nix::unistd::write(setup_w, message.as_bytes());
-        abort_job(&fds.exec_notify, message)
-    };
+    let fail = |message: &str| -> ! { abort_job(fds, setup_w, message) };
     let step = |name: &str, r: Result<(), Errno>| {
         if let Err(e) = r {
             fail(&format!("{name}: {e}"));

@@ -366,6 +366,23 @@ impl Engine {
             return Err("the sandbox zygote is gone; restart the node".into());
         }
         let limits = job.limits.resolve(&inner.config.defaults);
+        let file_bytes: u64 = job
+            .files
+            .values()
+            .map(|d| d.byte_len().unwrap_or(0) as u64)
+            .sum();
+        if file_bytes > limits.disk_mb * 1024 * 1024 {
+            // The launcher would run out of room writing them: a fault of the job, not of the
+            // sandbox, so not worth a retry.
+            return Ok(Outcome::not_run(
+                Status::Invalid,
+                format!(
+                    "files: {file_bytes} bytes do not fit the job's disk of {} MiB \
+                     (limits.disk_mb)",
+                    limits.disk_mb
+                ),
+            ));
+        }
         let payload = Payload {
             job: job.clone(),
             argv: job.command(),
