@@ -526,6 +526,20 @@ fn an_interrupted_backlog_ends_without_waiting_for_its_queue() {
     assert_eq!(workers_serving(&queue), 0);
 }
 
+/// Runs the load generator (no workers of its own) with a report directory; asserts it exits 1
+/// and returns its standard error.
+fn failing_run(args: &[&str], report: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args(args)
+        .args(["--quiet", "--report"])
+        .arg(report)
+        .output()
+        .expect("running forkbox-loadgen");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    stderr
+}
+
 #[test]
 fn an_unreachable_redis_fails_the_run_with_its_address_and_no_password() {
     // A port that was free a moment ago: nothing listens on it.
@@ -536,13 +550,7 @@ fn an_unreachable_redis_fails_the_run_with_its_address_and_no_password() {
         .port();
     let url = format!("redis://:hunter2@127.0.0.1:{port}/0");
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
-        .args(["--redis", &url, "--jobs", "10", "--quiet", "--report"])
-        .arg(dir.path())
-        .output()
-        .expect("running forkbox-loadgen");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stderr = failing_run(&["--redis", &url, "--jobs", "10"], dir.path());
     assert!(
         stderr.contains(&format!("cannot reach Redis at 127.0.0.1:{port}")),
         "{stderr}"
@@ -556,14 +564,17 @@ fn a_queue_nobody_serves_is_named_before_the_run_and_its_jobs_counted_lost() {
     let redis = RedisServer::start().expect("redis-server");
     let url = redis.url();
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
-        .args(["--redis", &url, "--queue", "unserved", "--jobs", "3"])
-        .args(["--drain-timeout", "1", "--quiet", "--report"])
-        .arg(dir.path())
-        .output()
-        .expect("running forkbox-loadgen");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let args = [
+        "--redis",
+        &url,
+        "--queue",
+        "unserved",
+        "--jobs",
+        "3",
+        "--drain-timeout",
+        "1",
+    ];
+    let stderr = failing_run(&args, dir.path());
     assert!(
         stderr.contains("no worker is serving queue unserved"),
         "{stderr}"
