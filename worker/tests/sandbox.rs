@@ -665,9 +665,9 @@ async fn a_job_cancelled_before_its_program_starts_is_cancelled_not_failed() {
     assert_eq!((ran.status, ran.stdout.as_str()), (Status::Ok, "ran\n"));
 }
 
-/// Jobs that cannot start name why: files beyond the disk are refused before any sandbox is
-/// used (a retry could not help), and a step of the launcher that fails before exec reports its
-/// own error, not a generic one.
+/// Jobs that cannot start name why, and are `invalid` (a retry could not help): files beyond the
+/// disk before any sandbox is used, a working directory that cannot be made or entered from the
+/// launcher's own step, not as a generic failure of the sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_that_cannot_start_says_why() {
     let engine = tokio::task::spawn_blocking(|| engine(1)).await.unwrap();
@@ -685,20 +685,34 @@ async fn a_job_that_cannot_start_says_why() {
         out.error.as_deref(),
         Some("files: 3145728 bytes do not fit the job's disk of 2 MiB (limits.disk_mb)")
     );
-    // The working directory is a file the job brought: the launcher fails at `cwd`.
-    let cwd_is_a_file = Job {
-        files: [("sub".to_owned(), FileData::Text("x".into()))].into(),
-        cwd: Some("sub/inner".into()),
-        ..Job::shell("echo ran")
-    };
-    let out = engine.run(&cwd_is_a_file).await;
-    assert_eq!(out.status, Status::Error);
-    let error = out.error.unwrap_or_default();
-    assert!(
-        error.starts_with("sandbox set-up failed, job not run: cwd /work/sub/inner: "),
-        "{error}"
-    );
-    assert_eq!(out.stdout, "");
+    // A working directory the launcher cannot make (inside a file the job brought) or enter
+    // (absent outside /work): the job's own fault, so invalid, with the step that failed.
+    for (cwd, files, expected) in [
+        (
+            "sub/inner",
+            vec!["sub"],
+            "job not run: cwd /work/sub/inner: ",
+        ),
+        (
+            "/nonexistent",
+            vec![],
+            "job not run: cwd /nonexistent: ENOENT",
+        ),
+    ] {
+        let job = Job {
+            files: files
+                .into_iter()
+                .map(|f| (f.to_owned(), FileData::Text("x".into())))
+                .collect(),
+            cwd: Some(cwd.into()),
+            ..Job::shell("echo ran")
+        };
+        let out = engine.run(&job).await;
+        assert_eq!(out.status, Status::Invalid, "{:?}", out.error);
+        let error = out.error.unwrap_or_default();
+        assert!(error.starts_with(expected), "{error}");
+        assert_eq!(out.stdout, "");
+    }
 }
 
 /// Prints the job's network namespace cookie (unique for the kernel's lifetime, unlike its

@@ -39,6 +39,10 @@ pub struct Hardening {
 /// Prefix of the exec timestamp the program writes to the exec-notify pipe just before exec.
 pub const EXEC_MARK: char = '@';
 
+/// Prefix of a failure before exec that the job's own input caused (its files, its working
+/// directory): the job is `invalid`, since running it again would fail the same way.
+pub const JOB_FAULT_MARK: char = '!';
+
 /// An exec-notify message: the program's exec timestamp, or why it never ran.
 pub fn parse_exec_note(bytes: &[u8]) -> Result<i64, String> {
     let text = String::from_utf8_lossy(bytes);
@@ -323,7 +327,7 @@ fn launch(
     }
     let work = Path::new(&cfg.work_dir);
     if let Err(e) = write_files(work, &payload) {
-        abort_job(&fds, setup_w, &e);
+        abort_job(&fds, setup_w, &format!("{JOB_FAULT_MARK}{e}"));
     }
     let cwd = match &payload.job.cwd {
         Some(c) if c.starts_with('/') => PathBuf::from(c),
@@ -332,7 +336,8 @@ fn launch(
     };
     if cwd.starts_with(work) {
         if let Err(e) = fs::create_dir_all(&cwd) {
-            abort_job(&fds, setup_w, &format!("cwd {}: {e}", cwd.display()));
+            let e = format!("{JOB_FAULT_MARK}cwd {}: {e}", cwd.display());
+            abort_job(&fds, setup_w, &e);
         }
     }
     exec_program(&fds, setup_w, &payload, &cwd)
@@ -402,7 +407,9 @@ fn exec_program(fds: &JobFds, setup_w: &OwnedFd, payload: &Payload, cwd: &Path) 
         "stderr",
         nix::unistd::dup2(fds.stderr.as_raw_fd(), 2).map(drop),
     );
-    step("chdir", nix::unistd::chdir(cwd));
+    if let Err(e) = nix::unistd::chdir(cwd) {
+        fail(&format!("{JOB_FAULT_MARK}cwd {}: {e}", cwd.display()));
+    }
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     let l = &payload.limits;
     let mib = 1024 * 1024;

@@ -513,6 +513,12 @@ impl Engine {
                     "cancelled before the program started",
                 ));
             }
+            if let Some(fault) = error.strip_prefix(init::JOB_FAULT_MARK) {
+                return Ok(Outcome::not_run(
+                    Status::Invalid,
+                    format!("job not run: {fault}"),
+                ));
+            }
             let mut o = Outcome::not_run(
                 Status::Error,
                 format!("sandbox set-up failed, job not run: {error}"),
