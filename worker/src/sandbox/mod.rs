@@ -366,11 +366,7 @@ impl Engine {
             return Err("the sandbox zygote is gone; restart the node".into());
         }
         let limits = job.limits.resolve(&inner.config.defaults);
-        let file_bytes: u64 = job
-            .files
-            .values()
-            .map(|d| d.byte_len().unwrap_or(0) as u64)
-            .sum();
+        let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
         if file_bytes > limits.disk_mb * 1024 * 1024 {
             // The launcher would run out of room writing them: a fault of the job, not of the
             // sandbox, so not worth a retry.
