@@ -15,7 +15,7 @@ use serde::Serialize;
                   duplicated, or the run failed; 130 when interrupted. The first Ctrl-C (or \
                   SIGTERM) stops sending and writes a partial report, a second abandons the run. \
                   Spawned workers, the load generator's own Redis and the simulated hosts are \
-                  removed on every exit."
+                  removed on every exit; after a SIGKILL, by the next run or --cleanup."
 )]
 #[command(group(ArgGroup::new("load").args(["concurrency", "rate", "ramp", "backlog"])))]
 #[command(group(ArgGroup::new("length").args(["jobs", "duration"])))]
@@ -123,6 +123,11 @@ pub struct Args {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Only remove what load generators killed outright (SIGKILL, out of memory) left behind:
+    /// their workers, their own redis-server and their simulated hosts; then exit. Every run
+    /// that starts workers, hosts or a Redis of its own does this first anyway.
+    #[arg(long, exclusive = true)]
+    pub cleanup: bool,
 }
 
 /// A count that must be at least 1 (jobs in flight, workers, hosts, steps).

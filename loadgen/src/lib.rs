@@ -16,6 +16,7 @@ pub mod driver;
 pub mod humaneval;
 pub mod mix;
 pub mod netns;
+pub mod orphans;
 pub mod plot;
 pub mod report;
 pub mod run;

@@ -17,6 +17,9 @@ use tokio::sync::watch;
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if args.cleanup {
+        return cleanup();
+    }
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let (abort_tx, mut abort_rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -73,5 +76,19 @@ async fn main() -> ExitCode {
             eprintln!("forkbox-loadgen: {e:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// `--cleanup`: 0 when nothing is left of load generators that are gone.
+fn cleanup() -> ExitCode {
+    let swept = forkbox_loadgen::orphans::sweep(&mut forkbox_loadgen::netns::SystemIp);
+    match swept.summary() {
+        Some(line) => eprintln!("forkbox-loadgen: {line}"),
+        None => eprintln!("forkbox-loadgen: nothing left behind by earlier runs"),
+    }
+    if swept.errors.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
 }

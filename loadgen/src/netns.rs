@@ -7,7 +7,8 @@
 //!
 //! Every resource is recorded the moment it is created and removed in reverse order by
 //! [`SimulatedHosts::cleanup`], which `Drop` also runs, so an error half-way through set-up, a
-//! panic or Ctrl-C leaves nothing behind. All changes go through `ip`, behind the [`IpCommand`]
+//! panic or Ctrl-C leaves nothing behind. The bridge's alias names the load generator, so that
+//! the next run removes the hosts of one killed outright ([`crate::orphans`]). All changes go through `ip`, behind the [`IpCommand`]
 //! trait, so the order of the set-up is unit-tested with a recording implementation.
 
 use std::net::Ipv4Addr;
@@ -147,6 +148,9 @@ impl<I: IpCommand> SimulatedHosts<I> {
         let bridge = self.bridge.clone();
         self.run(&["link", "add", &bridge, "type", "bridge"])?;
         self.created.push(Created::Bridge(bridge.clone()));
+        // Marks the run's owner, so that a later run removes all this if we are killed outright.
+        let alias = crate::orphans::bridge_alias(&crate::orphans::owner_tag());
+        self.run(&["link", "set", &bridge, "alias", &alias])?;
         let cidr = format!("{}/24", self.bridge_addr);
         self.run(&["addr", "add", &cidr, "dev", &bridge])?;
         self.run(&["link", "set", &bridge, "up"])?;
@@ -234,17 +238,20 @@ pub fn leftovers(run: &str) -> Vec<String> {
     }
     let link_prefix = format!("fbl{run}");
     if let Ok(list) = ip.ip(&["-o", "link", "show"]) {
-        for l in list.lines() {
-            // "7: fblabc123h0@if6: <...>"
-            if let Some(name) = l.split(": ").nth(1) {
-                let name = name.split('@').next().unwrap_or(name);
-                if name.starts_with(&link_prefix) {
-                    left.push(name.to_owned());
-                }
-            }
-        }
+        left.extend(
+            link_names(&list)
+                .filter(|n| n.starts_with(&link_prefix))
+                .map(str::to_owned),
+        );
     }
     left
+}
+
+/// Interface names in `ip -o link show` output ("7: fblabc123h0@if6: <...>").
+pub(crate) fn link_names(list: &str) -> impl Iterator<Item = &str> {
+    list.lines()
+        .filter_map(|l| l.split(": ").nth(1))
+        .map(|name| name.split('@').next().unwrap_or(name))
 }
 
 #[cfg(test)]
@@ -289,8 +296,10 @@ mod tests {
         assert_eq!(addrs[1].octets()[3], 11);
         let log = rec.log.join("\n");
         let c = bridge_addr.octets()[2];
+        let owner = crate::orphans::owner_tag();
         let want = format!(
             "link add fblab12 type bridge
+link set fblab12 alias forkbox-loadgen {owner}
 addr add 10.213.{c}.1/24 dev fblab12
 link set fblab12 up
 netns add fbl-ab12-0

@@ -20,6 +20,7 @@ use crate::driver::{Cluster, Driver, Fault, Load, PhaseSpec, Stop};
 use crate::humaneval;
 use crate::mix::{JobSource, Mix};
 use crate::netns::{SimulatedHosts, SystemIp};
+use crate::orphans;
 use crate::report::{self, Environment, MeasuredPhase, RampSummary, Report};
 use crate::stats::percentiles_ms;
 use forkbox_queue::{Keys, RedisServer, RedisServerOptions};
@@ -254,7 +255,7 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
         Some(d) => d.join("logs"),
         None => {
             let t = tempfile::Builder::new()
-                .prefix("forkbox-loadgen-")
+                .prefix(&orphans::temp_prefix())
                 .tempdir()?;
             let p = t.path().to_owned();
             _log_tmp = t;
@@ -262,6 +263,12 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
         }
     };
 
+    if args.spawn_workers.is_some() || args.hosts.is_some() || args.redis.is_none() {
+        let swept = tokio::task::block_in_place(|| orphans::sweep(&mut SystemIp));
+        if let Some(line) = swept.summary() {
+            eprintln!("forkbox-loadgen: {line}");
+        }
+    }
     // Guards, in set-up order: dropped in reverse.
     let hosts = match args.hosts {
         Some(h) => Some(
@@ -278,6 +285,7 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
             let options = RedisServerOptions {
                 appendonly,
                 extra_bind: bind,
+                temp_prefix: format!("{}redis-", orphans::temp_prefix()),
                 ..RedisServerOptions::default()
             };
             Some(

@@ -583,3 +583,81 @@ fn a_queue_nobody_serves_is_named_before_the_run_and_its_jobs_counted_lost() {
     let report = read_report(dir.path());
     assert_eq!((report.completed, report.lost), (0, 3));
 }
+
+/// Processes marked as started by load generator `owner_pid`.
+fn marked_by(owner_pid: u32) -> Vec<u32> {
+    let prefix = format!("{owner_pid}:");
+    forkbox_loadgen::orphans::marked_processes()
+        .into_iter()
+        .filter(|(_, tag)| tag.starts_with(&prefix))
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+#[test]
+fn what_a_load_generator_killed_outright_left_is_removed_by_cleanup() {
+    let Some(bin) = forkbox_worker() else { return };
+    let hosts = match forkbox_loadgen::netns::available() {
+        Ok(()) => true,
+        Err(reason) => {
+            println!("SKIPPED (the simulated hosts part): ip netns is unavailable here: {reason}");
+            false
+        }
+    };
+    let run = format!("k{:05}", std::process::id() % 100_000);
+    let mut args = vec!["--spawn-workers", "2", "--duration", "120", "--rate", "5"];
+    args.extend(["--run-id", &run, "--queue", "killed", "--quiet"]);
+    if hosts {
+        args.extend(["--hosts", "2"]);
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .args(&args)
+        .env("FORKBOX_BIN", &bin)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let owner = child.id();
+    // Its own redis-server and two workers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while marked_by(owner).len() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started its cluster"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // SIGKILL runs no clean-up: all of it is still there.
+    assert!(marked_by(owner).len() >= 3);
+    if hosts {
+        assert!(!forkbox_loadgen::netns::leftovers(&run).is_empty());
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
+        .arg("--cleanup")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !marked_by(owner).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running: {:?}",
+            marked_by(owner)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let left = forkbox_loadgen::netns::leftovers(&run);
+    assert!(left.is_empty(), "left behind: {left:?}");
+    let dirs: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(&format!("forkbox-loadgen-{owner}:")))
+        .collect();
+    assert!(dirs.is_empty(), "left behind: {dirs:?}");
+}

@@ -63,6 +63,9 @@ pub struct RedisServerOptions {
     /// network namespaces reach it). With any, protected mode is off: those clients are not
     /// on loopback.
     pub extra_bind: Vec<std::net::IpAddr>,
+    /// Name prefix of the temporary data directory made when `dir` is `None` (the server runs
+    /// in it, so it also marks the process as ours).
+    pub temp_prefix: String,
 }
 
 impl Default for RedisServerOptions {
@@ -75,6 +78,7 @@ impl Default for RedisServerOptions {
             dir: None,
             unix_socket: false,
             extra_bind: Vec::new(),
+            temp_prefix: "forkbox-redis-".into(),
         }
     }
 }
@@ -114,7 +118,7 @@ impl RedisServer {
             }
             None => {
                 let t = tempfile::Builder::new()
-                    .prefix("forkbox-redis-")
+                    .prefix(&options.temp_prefix)
                     .tempdir()
                     .map_err(RedisServerError::CreateDir)?;
                 (t.path().to_owned(), Some(t))

@@ -1,0 +1,306 @@
+//! What a load generator killed outright (SIGKILL, the OOM killer, a lost machine) leaves behind,
+//! and its removal by the next run or `--cleanup`.
+//!
+//! Ctrl-C and errors clean up through guards, but a killed process runs no code. So everything a
+//! run starts is marked with its owner, the load generator's pid and start time (which together
+//! name one process for the kernel's lifetime; a reused pid has another start time):
+//! - worker nodes carry it in their environment, [`OWNER_ENV`];
+//! - temporary directories (logs, the load generator's own Redis data) carry it in their name,
+//!   [`temp_prefix`]; `redis-server` runs in its directory (it overwrites its environment with
+//!   its process title), which marks it;
+//! - a run's simulated hosts carry it as the alias of their bridge, `fbl<run>`.
+//!
+//! A sweep removes what is marked with an owner that is no longer running: it SIGKILLs such
+//! processes (a worker's zygote and sandboxes go with it), deletes such a bridge with the run's
+//! namespaces `fbl-<run>-*` (their veth pairs go with them), and removes such directories.
+
+use std::path::Path;
+
+use crate::netns::{link_names, IpCommand, NetnsError};
+
+/// Environment variable naming the load generator a process was started by.
+pub const OWNER_ENV: &str = "FORKBOX_LOADGEN_OWNER";
+/// Bridge alias prefix, followed by the owner.
+const ALIAS_PREFIX: &str = "forkbox-loadgen ";
+
+/// `<pid>:<start time>` of this process.
+pub fn owner_tag() -> String {
+    let pid = std::process::id();
+    format!("{pid}:{}", start_time(pid).unwrap_or(0))
+}
+
+/// Name prefix of this process's temporary directories: `forkbox-loadgen-<owner>-`.
+pub fn temp_prefix() -> String {
+    format!("{TEMP_PREFIX}{}-", owner_tag())
+}
+
+const TEMP_PREFIX: &str = "forkbox-loadgen-";
+
+/// The owner a temporary directory's name carries.
+fn temp_owner(name: &str) -> Option<&str> {
+    let rest = name.strip_prefix(TEMP_PREFIX)?;
+    let (pid, rest) = rest.split_once(':')?;
+    let start = rest.split('-').next()?;
+    let tag = &name[TEMP_PREFIX.len()..TEMP_PREFIX.len() + pid.len() + 1 + start.len()];
+    (pid.parse::<u32>().is_ok() && start.parse::<u64>().is_ok()).then_some(tag)
+}
+
+/// The alias given to a run's bridge.
+pub fn bridge_alias(owner: &str) -> String {
+    format!("{ALIAS_PREFIX}{owner}")
+}
+
+/// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`); `None` when
+/// there is no such process or it has exited (a zombie not yet reaped is gone too).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(rest.next(), Some("Z" | "X")) {
+        return None;
+    }
+    rest.nth(18)?.parse().ok()
+}
+
+/// Whether the process an owner tag names is still running.
+pub fn owner_alive(tag: &str) -> bool {
+    let Some((pid, start)) = tag.split_once(':') else {
+        return false;
+    };
+    match (pid.parse::<u32>(), start.parse::<u64>()) {
+        (Ok(pid), Ok(start)) => start_time(pid) == Some(start),
+        _ => false,
+    }
+}
+
+/// Processes marked with an owner, by environment or by working directory: (pid, owner
+/// tag). Processes of other users are skipped (unreadable), and so is this process.
+pub fn marked_processes() -> Vec<(u32, String)> {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let needle = format!("{OWNER_ENV}=");
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter_map(|pid| {
+            let proc = Path::new("/proc").join(pid.to_string());
+            let by_cwd = std::fs::read_link(proc.join("cwd")).ok().and_then(|cwd| {
+                cwd.components()
+                    .find_map(|c| temp_owner(c.as_os_str().to_str()?).map(str::to_owned))
+            });
+            let tag = by_cwd.or_else(|| {
+                let env = std::fs::read(proc.join("environ")).ok()?;
+                env.split(|&b| b == 0)
+                    .filter_map(|v| std::str::from_utf8(v).ok())
+                    .find_map(|v| v.strip_prefix(&needle).map(str::to_owned))
+            })?;
+            Some((pid, tag))
+        })
+        .collect()
+}
+
+/// Temporary directories whose owner is gone.
+fn abandoned_dirs() -> Vec<std::path::PathBuf> {
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| {
+        let e = e.ok()?;
+        let name = e.file_name();
+        let owner = temp_owner(name.to_str()?)?;
+        (!owner_alive(owner) && e.file_type().ok()?.is_dir()).then(|| e.path())
+    })
+    .collect()
+}
+
+/// What a sweep removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Swept {
+    pub processes: usize,
+    pub directories: usize,
+    /// Runs whose simulated hosts were removed, with their namespace count.
+    pub hosts: Vec<(String, usize)>,
+    pub errors: Vec<String>,
+}
+
+impl Swept {
+    pub fn is_empty(&self) -> bool {
+        self.processes == 0
+            && self.directories == 0
+            && self.hosts.is_empty()
+            && self.errors.is_empty()
+    }
+
+    /// One line for the operator; `None` when there was nothing to do.
+    pub fn summary(&self) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut parts = vec![
+            format!("{} process(es)", self.processes),
+            format!("{} temporary director(ies)", self.directories),
+        ];
+        for (run, n) in &self.hosts {
+            parts.push(format!("run {run}'s bridge and {n} namespace(s)"));
+        }
+        let mut line = format!(
+            "removed what load generators no longer running left behind: {}",
+            parts.join(", ")
+        );
+        for e in &self.errors {
+            line.push_str(&format!("; {e}"));
+        }
+        Some(line)
+    }
+}
+
+/// Removes the processes and simulated hosts of owners that are gone. `ip` is used only when a
+/// marked bridge exists, and its absence (no iproute2, no privilege) is not an error.
+pub fn sweep(ip: &mut impl IpCommand) -> Swept {
+    let mut swept = Swept::default();
+    for (pid, owner) in marked_processes() {
+        if owner_alive(&owner) {
+            continue;
+        }
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        swept.processes += usize::from(killed);
+    }
+    for dir in abandoned_dirs() {
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => swept.directories += 1,
+            Err(e) => swept
+                .errors
+                .push(format!("removing {}: {e}", dir.display())),
+        }
+    }
+    let Ok(links) = ip.ip(&["-o", "link", "show", "type", "bridge"]) else {
+        return swept;
+    };
+    for (bridge, owner) in marked_bridges(&links) {
+        if owner_alive(&owner) {
+            continue;
+        }
+        let run = bridge.trim_start_matches("fbl").to_owned();
+        match remove_run(ip, &bridge, &run) {
+            Ok(n) => swept.hosts.push((run, n)),
+            Err(e) => swept.errors.push(e.to_string()),
+        }
+    }
+    swept
+}
+
+/// `(bridge, owner)` for each bridge of `ip -o link show type bridge` whose alias marks it.
+fn marked_bridges(links: &str) -> Vec<(String, String)> {
+    links
+        .lines()
+        .filter_map(|l| {
+            let name = link_names(l).next()?;
+            let alias = l.split(" alias ").nth(1)?.trim();
+            let owner = alias.strip_prefix(ALIAS_PREFIX)?;
+            name.starts_with("fbl")
+                .then(|| (name.to_owned(), owner.to_owned()))
+        })
+        .collect()
+}
+
+/// Deletes run `run`'s veth pairs, its namespaces (killing what still runs in them) and its
+/// bridge, in the order of [`crate::netns::SimulatedHosts::cleanup`]; returns the namespace
+/// count. The veths go first and by name: a namespace's own end goes with it only once its
+/// last process has exited, which a SIGKILL does not wait for.
+fn remove_run(ip: &mut impl IpCommand, bridge: &str, run: &str) -> Result<usize, NetnsError> {
+    let veth = format!("fbl{run}h");
+    let links = ip.ip(&["-o", "link", "show"])?;
+    for link in link_names(&links).filter(|l| l.starts_with(&veth)) {
+        match ip.ip(&["link", "del", link]) {
+            Err(NetnsError::Ip { message, .. }) if message.contains("Cannot find device") => {}
+            r => {
+                r?;
+            }
+        }
+    }
+    let prefix = format!("fbl-{run}-");
+    let list = ip.ip(&["netns", "list"])?;
+    let namespaces: Vec<String> = list
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix))
+        .map(str::to_owned)
+        .collect();
+    for ns in &namespaces {
+        if let Ok(pids) = ip.ip(&["netns", "pids", ns]) {
+            for pid in pids.split_whitespace() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-KILL", pid])
+                    .status();
+            }
+        }
+        ip.ip(&["netns", "del", ns])?;
+    }
+    ip.ip(&["link", "del", bridge])?;
+    Ok(namespaces.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_its_own_live_owner_and_a_reused_pid_is_not() {
+        let me = owner_tag();
+        assert!(owner_alive(&me), "{me}");
+        let pid = std::process::id();
+        // The same pid with another start time: a process that is gone.
+        assert!(!owner_alive(&format!("{pid}:1")));
+        assert!(!owner_alive("garbage"));
+        assert!(!owner_alive(&format!("{}:0", u32::MAX)));
+    }
+
+    #[test]
+    fn bridges_are_found_by_their_alias() {
+        let links = "\
+3: fblab12: <BROADCAST,MULTICAST,UP> mtu 1500 qdisc noqueue state UP mode DEFAULT group default qlen 1000\\    link/ether 4a:1f:00:00:00:01 brd ff:ff:ff:ff:ff:ff\\    alias forkbox-loadgen 4242:99
+4: docker0: <BROADCAST> mtu 1500 qdisc noqueue state DOWN\\    link/ether 02:42:00:00:00:02 brd ff:ff:ff:ff:ff:ff
+5: fblcd34: <BROADCAST> mtu 1500\\    link/ether 4a:1f:00:00:00:03 brd ff:ff:ff:ff:ff:ff
+6: br-x: <BROADCAST> mtu 1500\\    link/ether 4a:1f:00:00:00:04 brd ff:ff:ff:ff:ff:ff\\    alias forkbox-loadgen 1:2
+";
+        assert_eq!(
+            marked_bridges(links),
+            vec![("fblab12".to_owned(), "4242:99".to_owned())]
+        );
+    }
+
+    #[test]
+    fn the_summary_names_what_was_removed() {
+        assert_eq!(Swept::default().summary(), None);
+        let s = Swept {
+            processes: 3,
+            directories: 1,
+            hosts: vec![("ab12".into(), 2)],
+            errors: vec![],
+        };
+        assert_eq!(
+            s.summary().unwrap(),
+            "removed what load generators no longer running left behind: 3 process(es), 1 \
+             temporary director(ies), run ab12's bridge and 2 namespace(s)"
+        );
+    }
+
+    #[test]
+    fn temporary_directories_name_their_owner() {
+        let prefix = temp_prefix();
+        let name = format!("{prefix}redis-Ab3xYz");
+        assert_eq!(temp_owner(&name), Some(owner_tag().as_str()));
+        assert_eq!(
+            temp_owner(&format!("{prefix}Zk9")),
+            Some(owner_tag().as_str())
+        );
+        assert_eq!(temp_owner("forkbox-loadgen-Zk9abc"), None);
+        assert_eq!(temp_owner("forkbox-redis-abc"), None);
+        assert_eq!(temp_owner("forkbox-loadgen-12:x-a"), None);
+    }
+}
