@@ -126,7 +126,10 @@ pub struct Args {
     /// Only remove what load generators killed outright (SIGKILL, out of memory) left behind:
     /// their workers, their own redis-server and their simulated hosts; then exit. Every run
     /// that starts workers, hosts or a Redis of its own does this first anyway.
-    #[arg(long, exclusive = true)]
+    #[arg(long, conflicts_with_all = [
+        "jobs", "duration", "concurrency", "rate", "ramp", "backlog", "spawn_workers", "hosts",
+        "scale", "kill_worker_at", "restart_redis_at", "report", "warmup",
+    ])]
     pub cleanup: bool,
 }
 
@@ -264,5 +267,9 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.scale_steps, Some(vec![1, 2, 4]));
+        // --cleanup runs alone, whatever the environment (FORKBOX_REDIS, FORKBOX_HUMANEVAL) sets.
+        assert!(Args::try_parse_from(["x", "--cleanup"]).unwrap().cleanup);
+        assert!(Args::try_parse_from(["x", "--cleanup", "--quiet"]).is_ok());
+        assert!(Args::try_parse_from(["x", "--cleanup", "--jobs", "5"]).is_err());
     }
 }
