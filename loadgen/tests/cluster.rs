@@ -613,6 +613,8 @@ fn what_a_load_generator_killed_outright_left_is_removed_by_cleanup() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_forkbox-loadgen"))
         .args(&args)
         .env("FORKBOX_BIN", &bin)
+        // Its own Redis, whatever the caller's environment names.
+        .env_remove("FORKBOX_REDIS")
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();
