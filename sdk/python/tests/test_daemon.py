@@ -131,6 +131,13 @@ def test_rejected_jobs_carry_the_reason(daemon: Daemon) -> None:
         Forkbox.run("true", files={"../escape.txt": "x"})
     with pytest.raises(JobRejected, match="bogus"):
         Forkbox.run_job({"cmd": "true", "bogus": 1})
+    # Jobs that could never start are rejected with the reason, not reported as sandbox errors.
+    with pytest.raises(JobRejected, match=r"do not fit the job's disk of 1 MiB \(limits.disk_mb\)"):
+        Forkbox.run("true", files={"big.bin": "x" * (2 << 20)}, disk_mb=1)
+    with pytest.raises(JobRejected, match="its directory a is also a file"):
+        Forkbox.run("true", files={"a": "1", "a/b": "2"})
+    with pytest.raises(JobRejected, match="cwd /nonexistent"):
+        Forkbox.run("true", cwd="/nonexistent")
     assert Forkbox.run("echo still fine").stdout == "still fine\n"
 
 
