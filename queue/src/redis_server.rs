@@ -66,6 +66,11 @@ pub struct RedisServerOptions {
     /// Name prefix of the temporary data directory made when `dir` is `None` (the server runs
     /// in it, so it also marks the process as ours).
     pub temp_prefix: String,
+    /// Have the kernel SIGKILL the server when the thread that started it ends, so that it does
+    /// not outlive an owner killed outright (`setpriv --pdeathsig KILL`, from util-linux, when
+    /// it is installed). Only for a thread that lives as long as its process, such as `main`:
+    /// the signal follows the thread, not the process.
+    pub die_with_parent: bool,
 }
 
 impl Default for RedisServerOptions {
@@ -79,6 +84,7 @@ impl Default for RedisServerOptions {
             unix_socket: false,
             extra_bind: Vec::new(),
             temp_prefix: "forkbox-redis-".into(),
+            die_with_parent: false,
         }
     }
 }
@@ -216,7 +222,15 @@ impl RedisServer {
     }
 
     fn spawn_and_wait(&mut self) -> Result<(), RedisServerError> {
-        let mut cmd = Command::new(&self.options.binary);
+        let mut cmd = match self.options.die_with_parent.then(setpriv).flatten() {
+            Some(setpriv) => {
+                let mut c = Command::new(setpriv);
+                c.args(["--pdeathsig", "KILL", "--"])
+                    .arg(&self.options.binary);
+                c
+            }
+            None => Command::new(&self.options.binary),
+        };
         let mut bind = vec!["127.0.0.1".to_owned()];
         bind.extend(self.options.extra_bind.iter().map(ToString::to_string));
         let protected = if self.options.extra_bind.is_empty() {
@@ -316,4 +330,13 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 64];
     matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
+
+/// util-linux's `setpriv`, when it is in `PATH`.
+fn setpriv() -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join("setpriv"))
+        .find(|p| p.is_file())
 }

@@ -5,7 +5,7 @@ mod node_support;
 
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,74 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// What `up` prints on standard output once it serves (its last line starts with "Ctrl-C").
+fn banner(up: &mut Child) -> String {
+    let (tx, rx) = mpsc::channel();
+    let stdout = up.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let _ = tx.send(line.unwrap_or_default());
+        }
+    });
+    let mut banner = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !banner.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).expect("the banner within 60 s");
+        banner.push(line);
+    }
+    banner.join("\n")
+}
+
+/// Whether `pid` runs (a zombie waiting to be reaped does not).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(") ")
+                .map(|(_, rest)| !rest.starts_with(['Z', 'X']))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_private_redis_dies_with_up_even_when_up_is_killed_outright() {
+    if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|d| d.join("setpriv").is_file())
+    {
+        println!("SKIPPED: no setpriv (util-linux) in PATH to tie redis-server's life to up's");
+        return;
+    }
+    let mut up = Command::new(BIN)
+        .args(["up", "--own-redis", "--slots", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    banner(&mut up);
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", up.id()))
+        .unwrap_or_default();
+    let redis: u32 = children
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .find(|p: &u32| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "redis-server")
+        })
+        .expect("up's private redis-server among its children");
+    up.kill().unwrap();
+    up.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(redis) {
+        if Instant::now() > deadline {
+            let _ = Command::new("kill").arg(redis.to_string()).status();
+            panic!("redis-server {redis} outlived up killed with SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
     // Its own process group, so the test can send SIGINT to the group as a terminal's
@@ -37,13 +105,6 @@ fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let (tx, rx) = mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let _ = tx.send(line.unwrap_or_default());
-        }
-    });
     let stderr = child.stderr.take().unwrap();
     let log = std::thread::spawn(move || {
         let mut s = String::new();
@@ -51,14 +112,7 @@ fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
         s
     });
     // The banner names the Redis URL, the metrics address and how to submit.
-    let mut banner = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !banner.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = rx.recv_timeout(left).expect("the banner within 60 s");
-        banner.push(line);
-    }
-    let banner = banner.join("\n");
+    let banner = banner(&mut child);
     let field = |prefix: &str| {
         banner
             .lines()

@@ -5,6 +5,8 @@
 //! runs a worker in this process and prints how to submit jobs. Ctrl-C stops the worker
 //! (running jobs finish first; a second Ctrl-C kills them) and then the private Redis.
 //! `--demo` submits a handful of sample jobs, prints their results as a table and stops.
+//! The private Redis does not outlive `up` even when `up` is killed outright: it is started
+//! under `setpriv --pdeathsig KILL` from the main thread (where util-linux is installed).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use forkbox_queue::{FileData, Job, JobResult, QueueConfig, RedisServer};
+use forkbox_queue::{FileData, Job, JobResult, QueueConfig, RedisServer, RedisServerOptions};
 
 use crate::cli::SandboxOpts;
 use crate::node::config::{self, NodeConfig};
@@ -74,7 +76,13 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
                 redact(&args.redis)
             );
         }
-        Some(RedisServer::start().context(
+        // Started from the main thread, which lives as long as we do: the server dies with us
+        // even when we are killed outright.
+        let options = RedisServerOptions {
+            die_with_parent: true,
+            ..RedisServerOptions::default()
+        };
+        Some(RedisServer::start_with(options).context(
             "starting a private redis-server (is `redis-server` installed and in PATH? \
              FORKBOX_REDIS_SERVER names another binary)",
         )?)
