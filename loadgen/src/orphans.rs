@@ -16,6 +16,8 @@
 
 use std::path::Path;
 
+use forkbox_queue::owner;
+
 use crate::netns::{link_names, IpCommand, NetnsError};
 
 /// Environment variable naming the load generator a process was started by.
@@ -23,54 +25,29 @@ pub const OWNER_ENV: &str = "FORKBOX_LOADGEN_OWNER";
 /// Bridge alias prefix, followed by the owner.
 const ALIAS_PREFIX: &str = "forkbox-loadgen ";
 
-/// `<pid>:<start time>` of this process.
-pub fn owner_tag() -> String {
-    let pid = std::process::id();
-    format!("{pid}:{}", start_time(pid).unwrap_or(0))
-}
-
 /// Name prefix of this process's temporary directories: `forkbox-loadgen-<owner>-`.
 pub fn temp_prefix() -> String {
-    format!("{TEMP_PREFIX}{}-", owner_tag())
+    format!("{TEMP_PREFIX}{}-", owner::tag())
 }
 
 const TEMP_PREFIX: &str = "forkbox-loadgen-";
 
-/// The owner a temporary directory's name carries.
+/// This process as an owner (see [`forkbox_queue::owner`]).
+pub fn owner_tag() -> String {
+    owner::tag()
+}
+
+fn owner_alive(tag: &str) -> bool {
+    owner::alive(tag)
+}
+
 fn temp_owner(name: &str) -> Option<&str> {
-    let rest = name.strip_prefix(TEMP_PREFIX)?;
-    let (pid, rest) = rest.split_once(':')?;
-    let start = rest.split('-').next()?;
-    let tag = &name[TEMP_PREFIX.len()..TEMP_PREFIX.len() + pid.len() + 1 + start.len()];
-    (pid.parse::<u32>().is_ok() && start.parse::<u64>().is_ok()).then_some(tag)
+    owner::tag_in(name, TEMP_PREFIX)
 }
 
 /// The alias given to a run's bridge.
 pub fn bridge_alias(owner: &str) -> String {
     format!("{ALIAS_PREFIX}{owner}")
-}
-
-/// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`); `None` when
-/// there is no such process or it has exited (a zombie not yet reaped is gone too).
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
-    if matches!(rest.next(), Some("Z" | "X")) {
-        return None;
-    }
-    rest.nth(18)?.parse().ok()
-}
-
-/// Whether the process an owner tag names is still running.
-pub fn owner_alive(tag: &str) -> bool {
-    let Some((pid, start)) = tag.split_once(':') else {
-        return false;
-    };
-    match (pid.parse::<u32>(), start.parse::<u64>()) {
-        (Ok(pid), Ok(start)) => start_time(pid) == Some(start),
-        _ => false,
-    }
 }
 
 /// Processes marked with an owner, by environment or by working directory: (pid, owner
@@ -248,17 +225,6 @@ fn remove_run(ip: &mut impl IpCommand, bridge: &str, run: &str) -> Result<usize,
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn this_process_is_its_own_live_owner_and_a_reused_pid_is_not() {
-        let me = owner_tag();
-        assert!(owner_alive(&me), "{me}");
-        let pid = std::process::id();
-        // The same pid with another start time: a process that is gone.
-        assert!(!owner_alive(&format!("{pid}:1")));
-        assert!(!owner_alive("garbage"));
-        assert!(!owner_alive(&format!("{}:0", u32::MAX)));
-    }
 
     #[test]
     fn bridges_are_found_by_their_alias() {

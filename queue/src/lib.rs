@@ -32,6 +32,7 @@ mod delivery;
 mod enqueue;
 mod error;
 pub mod keys;
+pub mod owner;
 mod priority;
 mod queue;
 mod reclaim;

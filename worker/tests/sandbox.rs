@@ -715,6 +715,68 @@ async fn a_job_that_cannot_start_says_why() {
     }
 }
 
+/// An engine's staging directory (empty mount points on the host) is named after its process;
+/// one left by a process killed outright is removed by the next engine, and nothing else is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staging_left_by_a_killed_process_is_removed_by_the_next_engine() {
+    use std::os::unix::fs::PermissionsExt;
+    let runtime = tempfile::tempdir().unwrap();
+    // The sandboxes' unprivileged root must reach the staging directory inside it.
+    std::fs::set_permissions(runtime.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let me = forkbox_queue::owner::tag();
+    let gone = format!("{}:1", u32::MAX);
+    let make = |name: &str, extra: Option<&str>| {
+        let dir = runtime.path().join(name);
+        for sub in ["root", "layers"] {
+            std::fs::create_dir_all(dir.join(sub)).unwrap();
+        }
+        if let Some(file) = extra {
+            std::fs::write(dir.join(file), "x").unwrap();
+        }
+        dir
+    };
+    let stale = make(&format!("forkbox-{gone}-aaaaaa"), None);
+    let live = make(&format!("forkbox-{me}-bbbbbb"), None);
+    let not_empty = make(&format!("forkbox-{gone}-cccccc"), Some("note"));
+    let unmarked = make("forkbox-dddddd", None);
+    let listing = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(runtime.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing();
+    let dir = runtime.path().to_owned();
+    let engine = tokio::task::spawn_blocking(move || {
+        Engine::start(EngineConfig {
+            zygote_exe: BIN.into(),
+            slots: 1,
+            runtime_dir: dir,
+            ..EngineConfig::default()
+        })
+        .expect("engine")
+    })
+    .await
+    .unwrap();
+    assert!(!stale.exists(), "{before:?} -> {:?}", listing());
+    for kept in [&live, &unmarked] {
+        assert!(kept.join("root").is_dir(), "{} removed", kept.display());
+    }
+    // Only empty directories go: what else is there stays.
+    assert!(not_empty.join("note").is_file(), "{:?}", listing());
+    // The engine's own, named after this process, serves its sandboxes.
+    let own: Vec<String> = listing()
+        .into_iter()
+        .filter(|n| n.starts_with(&format!("forkbox-{me}-")) && !live.ends_with(n))
+        .collect();
+    assert_eq!(own.len(), 1, "{:?}", listing());
+    assert_eq!(engine.run(&Job::shell("echo ok")).await.stdout, "ok\n");
+    drop(engine);
+    assert!(!runtime.path().join(&own[0]).exists(), "{:?}", listing());
+}
+
 /// Prints the job's network namespace cookie (unique for the kernel's lifetime, unlike its
 /// inode number), then whatever `extra` prints.
 fn netns_probe(extra: &str) -> Job {

@@ -816,14 +816,24 @@ fn write_id_maps(pid: u32, root_mapped_id: u32) -> Result<String, EngineError> {
     }
 }
 
+/// Name prefix of staging directories, followed by the owning process's tag
+/// ([`forkbox_queue::owner`]).
+const STAGING_PREFIX: &str = "forkbox-";
+
+/// Makes this engine's staging directory, named after this process so that the next engine
+/// removes it if this process is killed outright (its `Drop` never runs then). Those left by
+/// processes that are gone are removed first: they hold only the empty mount points `root` and
+/// `layers` (the mounts on them lived in namespaces that died with their zygote), so only empty
+/// directories are ever removed.
 fn make_staging(parent: &Path) -> Result<PathBuf, EngineError> {
     use std::os::unix::fs::PermissionsExt;
+    remove_stale_staging(parent);
     let err = |path: &Path| {
         let path = path.to_owned();
         move |source| EngineError::Staging { path, source }
     };
     let dir = tempfile::Builder::new()
-        .prefix("forkbox-")
+        .prefix(&format!("{STAGING_PREFIX}{}-", forkbox_queue::owner::tag()))
         .tempdir_in(parent)
         .map_err(err(parent))?
         .keep();
@@ -833,6 +843,29 @@ fn make_staging(parent: &Path) -> Result<PathBuf, EngineError> {
         std::fs::create_dir(dir.join(sub)).map_err(err(&dir))?;
     }
     Ok(dir)
+}
+
+fn remove_stale_staging(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(owner) = name
+            .to_str()
+            .and_then(|n| forkbox_queue::owner::tag_in(n, STAGING_PREFIX))
+        else {
+            continue;
+        };
+        if forkbox_queue::owner::alive(owner) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        let dir = entry.path();
+        for sub in ["root", "layers"] {
+            let _ = std::fs::remove_dir(dir.join(sub));
+        }
+        let _ = std::fs::remove_dir(&dir);
+    }
 }
 
 /// The clean environment of a job: defaults, then the job's own variables.
