@@ -69,7 +69,9 @@ pub struct RedisServerOptions {
     /// Have the kernel SIGKILL the server when the thread that started it ends, so that it does
     /// not outlive an owner killed outright (`setpriv --pdeathsig KILL`, from util-linux, when
     /// it is installed). Only for a thread that lives as long as its process, such as `main`:
-    /// the signal follows the thread, not the process.
+    /// the signal follows the thread, not the process. The temporary data directory is then
+    /// named after this process too ([`crate::owner`]), and those such owners that are gone
+    /// left behind (their `Drop` never ran) are removed first.
     pub die_with_parent: bool,
 }
 
@@ -123,8 +125,14 @@ impl RedisServer {
                 (d.clone(), None)
             }
             None => {
+                let prefix = if options.die_with_parent {
+                    remove_abandoned_dirs(&options.temp_prefix);
+                    format!("{}{}-", options.temp_prefix, crate::owner::tag())
+                } else {
+                    options.temp_prefix.clone()
+                };
                 let t = tempfile::Builder::new()
-                    .prefix(&options.temp_prefix)
+                    .prefix(&prefix)
                     .tempdir()
                     .map_err(RedisServerError::CreateDir)?;
                 (t.path().to_owned(), Some(t))
@@ -330,6 +338,24 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 64];
     matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
+
+/// Removes the temporary directories `<prefix><owner>-*` whose owner is gone: their server died
+/// with it.
+fn remove_abandoned_dirs(prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let gone = name
+            .to_str()
+            .and_then(|n| crate::owner::tag_in(n, prefix))
+            .is_some_and(|owner| !crate::owner::alive(owner));
+        if gone && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// util-linux's `setpriv`, when it is in `PATH`.

@@ -81,6 +81,8 @@ fn a_private_redis_dies_with_up_even_when_up_is_killed_outright() {
                 .is_ok_and(|c| c.trim() == "redis-server")
         })
         .expect("up's private redis-server among its children");
+    // Its data directory, named after `up`, is left (no clean-up runs) until the next start.
+    let data = std::fs::read_link(format!("/proc/{redis}/cwd")).unwrap();
     up.kill().unwrap();
     up.wait().unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -91,6 +93,10 @@ fn a_private_redis_dies_with_up_even_when_up_is_killed_outright() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    assert!(data.is_dir(), "{}", data.display());
+    let out = forkbox(&["up", "--own-redis", "--demo", "--slots", "1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!data.exists(), "{} left behind", data.display());
 }
 
 #[test]

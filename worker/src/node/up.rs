@@ -6,7 +6,8 @@
 //! (running jobs finish first; a second Ctrl-C kills them) and then the private Redis.
 //! `--demo` submits a handful of sample jobs, prints their results as a table and stops.
 //! The private Redis does not outlive `up` even when `up` is killed outright: it is started
-//! under `setpriv --pdeathsig KILL` from the main thread (where util-linux is installed).
+//! under `setpriv --pdeathsig KILL` from the main thread (where util-linux is installed), and
+//! the data directory such an `up` leaves is removed by the next one.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
