@@ -103,7 +103,7 @@ fn spawn_node(cfg: &WorkerConfig, name: &str, netns: Option<&str>) -> anyhow::Re
         File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
     let child = Command::new(&argv[0])
         .args(&argv[1..])
-        .env(crate::orphans::OWNER_ENV, crate::orphans::owner_tag())
+        .env(crate::orphans::OWNER_ENV, forkbox_queue::owner::tag())
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -35,6 +35,12 @@ pub trait IpCommand {
     fn ip(&mut self, args: &[&str]) -> Result<String, NetnsError>;
 }
 
+impl<I: IpCommand + ?Sized> IpCommand for &mut I {
+    fn ip(&mut self, args: &[&str]) -> Result<String, NetnsError> {
+        (**self).ip(args)
+    }
+}
+
 /// The real `ip` from iproute2.
 #[derive(Debug, Default)]
 pub struct SystemIp;
@@ -149,7 +155,7 @@ impl<I: IpCommand> SimulatedHosts<I> {
         self.run(&["link", "add", &bridge, "type", "bridge"])?;
         self.created.push(Created::Bridge(bridge.clone()));
         // Marks the run's owner, so that a later run removes all this if we are killed outright.
-        let alias = crate::orphans::bridge_alias(&crate::orphans::owner_tag());
+        let alias = crate::orphans::bridge_alias(&forkbox_queue::owner::tag());
         self.run(&["link", "set", &bridge, "alias", &alias])?;
         let cidr = format!("{}/24", self.bridge_addr);
         self.run(&["addr", "add", &cidr, "dev", &bridge])?;
@@ -225,26 +231,65 @@ impl<I: IpCommand> Drop for SimulatedHosts<I> {
 
 /// Namespaces and links of run `run` still present (used by tests to check the clean-up).
 pub fn leftovers(run: &str) -> Vec<String> {
-    let mut ip = SystemIp;
-    let mut left = Vec::new();
+    let (namespaces, links) = present(&mut SystemIp, run);
+    namespaces.into_iter().chain(links).collect()
+}
+
+/// Run `run`'s namespaces and links (its bridge and host-side veths) that exist.
+fn present(ip: &mut impl IpCommand, run: &str) -> (Vec<String>, Vec<String>) {
     let ns_prefix = format!("fbl-{run}-");
-    if let Ok(list) = ip.ip(&["netns", "list"]) {
-        left.extend(
+    let namespaces = ip.ip(&["netns", "list"]).map_or_else(
+        |_| Vec::new(),
+        |list| {
             list.lines()
                 .filter_map(|l| l.split_whitespace().next())
                 .filter(|n| n.starts_with(&ns_prefix))
-                .map(str::to_owned),
-        );
-    }
+                .map(str::to_owned)
+                .collect()
+        },
+    );
     let link_prefix = format!("fbl{run}");
-    if let Ok(list) = ip.ip(&["-o", "link", "show"]) {
-        left.extend(
+    let links = ip.ip(&["-o", "link", "show"]).map_or_else(
+        |_| Vec::new(),
+        |list| {
             link_names(&list)
                 .filter(|n| n.starts_with(&link_prefix))
-                .map(str::to_owned),
-        );
+                .map(str::to_owned)
+                .collect()
+        },
+    );
+    (namespaces, links)
+}
+
+/// Removes what is left of run `run` (its owner was killed outright) with the same clean-up as
+/// an orderly end: the host-side veths first (a namespace's own end goes with it only once its
+/// last process has exited, which a SIGKILL does not wait for), then the namespaces, killing
+/// what still runs in them, then the bridge. Returns the namespace count.
+pub(crate) fn remove_run(ip: &mut impl IpCommand, run: &str) -> Result<usize, Vec<NetnsError>> {
+    let (namespaces, links) = present(ip, run);
+    let bridge = format!("fbl{run}");
+    let count = namespaces.len();
+    let mut created = vec![Created::Bridge(bridge.clone())];
+    created.extend(namespaces.into_iter().map(Created::Netns));
+    created.extend(
+        links
+            .into_iter()
+            .filter(|l| *l != bridge)
+            .map(Created::Link),
+    );
+    let mut hosts = SimulatedHosts {
+        ip,
+        bridge,
+        bridge_addr: Ipv4Addr::UNSPECIFIED,
+        hosts: Vec::new(),
+        created,
+    };
+    let errors = hosts.cleanup();
+    if errors.is_empty() {
+        Ok(count)
+    } else {
+        Err(errors)
     }
-    left
 }
 
 /// Interface names in `ip -o link show` output ("7: fblabc123h0@if6: <...>").
@@ -266,7 +311,7 @@ mod tests {
         addrs: String,
     }
 
-    impl IpCommand for &mut Recording {
+    impl IpCommand for Recording {
         fn ip(&mut self, args: &[&str]) -> Result<String, NetnsError> {
             let line = args.join(" ");
             if line == "-4 -o addr show" {
@@ -296,7 +341,7 @@ mod tests {
         assert_eq!(addrs[1].octets()[3], 11);
         let log = rec.log.join("\n");
         let c = bridge_addr.octets()[2];
-        let owner = crate::orphans::owner_tag();
+        let owner = forkbox_queue::owner::tag();
         let want = format!(
             "link add fblab12 type bridge
 link set fblab12 alias forkbox-loadgen {owner}

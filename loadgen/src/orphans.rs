@@ -18,7 +18,7 @@ use std::path::Path;
 
 use forkbox_queue::owner;
 
-use crate::netns::{link_names, IpCommand, NetnsError};
+use crate::netns::{link_names, IpCommand};
 
 /// Environment variable naming the load generator a process was started by.
 pub const OWNER_ENV: &str = "FORKBOX_LOADGEN_OWNER";
@@ -31,19 +31,6 @@ pub fn temp_prefix() -> String {
 }
 
 const TEMP_PREFIX: &str = "forkbox-loadgen-";
-
-/// This process as an owner (see [`forkbox_queue::owner`]).
-pub fn owner_tag() -> String {
-    owner::tag()
-}
-
-fn owner_alive(tag: &str) -> bool {
-    owner::alive(tag)
-}
-
-fn temp_owner(name: &str) -> Option<&str> {
-    owner::tag_in(name, TEMP_PREFIX)
-}
 
 /// The alias given to a run's bridge.
 pub fn bridge_alias(owner: &str) -> String {
@@ -64,7 +51,8 @@ pub fn marked_processes() -> Vec<(u32, String)> {
             let proc = Path::new("/proc").join(pid.to_string());
             let by_cwd = std::fs::read_link(proc.join("cwd")).ok().and_then(|cwd| {
                 cwd.components()
-                    .find_map(|c| temp_owner(c.as_os_str().to_str()?).map(str::to_owned))
+                    .find_map(|c| owner::tag_in(c.as_os_str().to_str()?, TEMP_PREFIX))
+                    .map(str::to_owned)
             });
             let tag = by_cwd.or_else(|| {
                 let env = std::fs::read(proc.join("environ")).ok()?;
@@ -75,20 +63,6 @@ pub fn marked_processes() -> Vec<(u32, String)> {
             Some((pid, tag))
         })
         .collect()
-}
-
-/// Temporary directories whose owner is gone.
-fn abandoned_dirs() -> Vec<std::path::PathBuf> {
-    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| {
-        let e = e.ok()?;
-        let name = e.file_name();
-        let owner = temp_owner(name.to_str()?)?;
-        (!owner_alive(owner) && e.file_type().ok()?.is_dir()).then(|| e.path())
-    })
-    .collect()
 }
 
 /// What a sweep removed.
@@ -137,7 +111,7 @@ impl Swept {
 pub fn sweep(ip: &mut impl IpCommand) -> Swept {
     let mut swept = Swept::default();
     for (pid, owner) in marked_processes() {
-        if owner_alive(&owner) {
+        if owner::alive(&owner) {
             continue;
         }
         let killed = std::process::Command::new("kill")
@@ -147,7 +121,7 @@ pub fn sweep(ip: &mut impl IpCommand) -> Swept {
             .is_ok_and(|s| s.success());
         swept.processes += usize::from(killed);
     }
-    for dir in abandoned_dirs() {
+    for dir in owner::abandoned(&std::env::temp_dir(), TEMP_PREFIX) {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => swept.directories += 1,
             Err(e) => swept
@@ -159,13 +133,13 @@ pub fn sweep(ip: &mut impl IpCommand) -> Swept {
         return swept;
     };
     for (bridge, owner) in marked_bridges(&links) {
-        if owner_alive(&owner) {
+        if owner::alive(&owner) {
             continue;
         }
         let run = bridge.trim_start_matches("fbl").to_owned();
-        match remove_run(ip, &bridge, &run) {
+        match crate::netns::remove_run(ip, &run) {
             Ok(n) => swept.hosts.push((run, n)),
-            Err(e) => swept.errors.push(e.to_string()),
+            Err(errors) => swept.errors.extend(errors.iter().map(ToString::to_string)),
         }
     }
     swept
@@ -185,46 +159,14 @@ fn marked_bridges(links: &str) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Deletes run `run`'s veth pairs, its namespaces (killing what still runs in them) and its
-/// bridge, in the order of [`crate::netns::SimulatedHosts::cleanup`]; returns the namespace
-/// count. The veths go first and by name: a namespace's own end goes with it only once its
-/// last process has exited, which a SIGKILL does not wait for.
-fn remove_run(ip: &mut impl IpCommand, bridge: &str, run: &str) -> Result<usize, NetnsError> {
-    let veth = format!("fbl{run}h");
-    let links = ip.ip(&["-o", "link", "show"])?;
-    for link in link_names(&links).filter(|l| l.starts_with(&veth)) {
-        match ip.ip(&["link", "del", link]) {
-            Err(NetnsError::Ip { message, .. }) if message.contains("Cannot find device") => {}
-            r => {
-                r?;
-            }
-        }
-    }
-    let prefix = format!("fbl-{run}-");
-    let list = ip.ip(&["netns", "list"])?;
-    let namespaces: Vec<String> = list
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .filter(|n| n.starts_with(&prefix))
-        .map(str::to_owned)
-        .collect();
-    for ns in &namespaces {
-        if let Ok(pids) = ip.ip(&["netns", "pids", ns]) {
-            for pid in pids.split_whitespace() {
-                let _ = std::process::Command::new("kill")
-                    .args(["-KILL", pid])
-                    .status();
-            }
-        }
-        ip.ip(&["netns", "del", ns])?;
-    }
-    ip.ip(&["link", "del", bridge])?;
-    Ok(namespaces.len())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use forkbox_queue::owner::tag as owner_tag;
+
+    fn temp_owner(name: &str) -> Option<&str> {
+        owner::tag_in(name, TEMP_PREFIX)
+    }
 
     #[test]
     fn bridges_are_found_by_their_alias() {

@@ -31,6 +31,26 @@ pub fn tag_in<'a>(name: &'a str, prefix: &str) -> Option<&'a str> {
         .then_some(tag)
 }
 
+/// Directories in `dir` named `<prefix><owner>-...` whose owner is gone (symlinks are skipped):
+/// what processes killed outright left behind.
+pub fn abandoned(dir: &std::path::Path, prefix: &str) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name();
+            let gone = name
+                .to_str()
+                .and_then(|n| tag_in(n, prefix))
+                .is_some_and(|owner| !alive(owner));
+            gone && e.file_type().is_ok_and(|t| t.is_dir())
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Start time of `pid` in clock ticks since boot (field 22 of `/proc/<pid>/stat`); `None` when
 /// there is no such process or it has exited.
 fn start_time(pid: u32) -> Option<u64> {

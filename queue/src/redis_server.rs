@@ -126,7 +126,11 @@ impl RedisServer {
             }
             None => {
                 let prefix = if options.die_with_parent {
-                    remove_abandoned_dirs(&options.temp_prefix);
+                    // Their servers died with their owners.
+                    for dir in crate::owner::abandoned(&std::env::temp_dir(), &options.temp_prefix)
+                    {
+                        let _ = std::fs::remove_dir_all(dir);
+                    }
                     format!("{}{}-", options.temp_prefix, crate::owner::tag())
                 } else {
                     options.temp_prefix.clone()
@@ -338,24 +342,6 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 64];
     matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
-}
-
-/// Removes the temporary directories `<prefix><owner>-*` whose owner is gone: their server died
-/// with it.
-fn remove_abandoned_dirs(prefix: &str) {
-    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let gone = name
-            .to_str()
-            .and_then(|n| crate::owner::tag_in(n, prefix))
-            .is_some_and(|owner| !crate::owner::alive(owner));
-        if gone && entry.file_type().is_ok_and(|t| t.is_dir()) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
 }
 
 /// util-linux's `setpriv`, when it is in `PATH`.

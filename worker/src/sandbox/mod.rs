@@ -846,21 +846,7 @@ fn make_staging(parent: &Path) -> Result<PathBuf, EngineError> {
 }
 
 fn remove_stale_staging(parent: &Path) {
-    let Ok(entries) = std::fs::read_dir(parent) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(owner) = name
-            .to_str()
-            .and_then(|n| forkbox_queue::owner::tag_in(n, STAGING_PREFIX))
-        else {
-            continue;
-        };
-        if forkbox_queue::owner::alive(owner) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        let dir = entry.path();
+    for dir in forkbox_queue::owner::abandoned(parent, STAGING_PREFIX) {
         for sub in ["root", "layers"] {
             let _ = std::fs::remove_dir(dir.join(sub));
         }
