@@ -1,7 +1,9 @@
 # Forkbox: build, demo, test and benchmark entry points.
 #
 #   make demo    a local node with its own Redis runs sample jobs and prints their results
-#   make test    everything CI checks: formatting, lints, Rust, Python and deployment tests
+#   make test    everything CI checks: formatting, lints, Rust, Python and deployment tests,
+#                and the VM tier (cgroup v2 limits on a real kernel under qemu)
+#   make test-vm the VM tier alone
 #   make bench   the side-by-side benchmark report (docs/benchmarks.md)
 
 SHELL := /bin/bash
@@ -11,26 +13,52 @@ PY := $(PY_VENV)/bin/python
 # The shared workloads live beside the repository; CI may clone elsewhere on the same machine.
 FORKBOX_HUMANEVAL ?= $(abspath $(firstword $(wildcard ../shared/data/HumanEval.jsonl.gz /work/shared/data/HumanEval.jsonl.gz)))
 export FORKBOX_HUMANEVAL
+# Each suite's output is kept here so `make test` can count and list what was skipped.
+TEST_LOGS := target/test-logs
 DEBIAN_PACKAGES := libseccomp-dev pkg-config redis-server redis-tools iproute2 python3-venv util-linux bubblewrap
+# The language runtimes the limit tests run at the default limits (node may come from another
+# repository's `nodejs`; the JDK from `openjdk-*-jdk-headless`, which the default one depends on).
+RUNTIME_PACKAGES := nodejs default-jdk-headless golang-go ruby erlang-base gcc g++ perl
+# The VM tier: qemu, the kernel it boots and the busybox virtme-ng's init needs.
+VM_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
+VM_VENV ?= .venv-vm
+VIRTME_NG_VERSION ?= 1.42
 
-.PHONY: all deps build release demo test test-rust test-python test-deploy lint bench clean
+# Installs the Debian packages named in $(1) that are missing when root; otherwise prints the
+# exact command and fails.
+define apt_install
+missing=""; for p in $(1); do \
+  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+done; \
+if [ -n "$$missing" ]; then \
+  if [ "$$(id -u)" = 0 ]; then \
+    echo "installing:$$missing"; \
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing || \
+      (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing)) >/dev/null; \
+  else \
+    echo "missing system packages; run: sudo apt-get install -y --no-install-recommends$$missing"; exit 1; \
+  fi; \
+fi
+endef
+
+.PHONY: all deps deps-vm build release demo test test-logs test-rust test-python test-deploy test-vm lint bench clean
 
 all: build
 
 # System packages: installed when missing and root, otherwise the exact command is printed.
 deps:
-	@missing=""; for p in $(DEBIAN_PACKAGES); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
-	done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ]; then \
-	    echo "installing:$$missing"; \
-	    (apt-get install -y $$missing || (apt-get update && apt-get install -y $$missing)) >/dev/null; \
-	  else \
-	    echo "missing system packages; run: sudo apt-get install -y$$missing"; exit 1; \
-	  fi; \
-	fi
+	@$(call apt_install,$(DEBIAN_PACKAGES) $(RUNTIME_PACKAGES))
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
+
+# What the VM tier needs. Without root and with something missing, the command is printed and
+# the tier reports itself skipped.
+deps-vm:
+	@($(call apt_install,$(VM_PACKAGES))) || true
+	@$(MAKE) --no-print-directory $(VM_VENV)/bin/vng
+
+$(VM_VENV)/bin/vng:
+	python3 -m venv $(VM_VENV)
+	$(VM_VENV)/bin/pip install -q 'virtme-ng==$(VIRTME_NG_VERSION)'
 
 build: deps
 	$(CARGO) build --workspace
@@ -50,26 +78,43 @@ lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+test-logs:
+	@rm -rf $(TEST_LOGS) && mkdir -p $(TEST_LOGS)
+
 test-rust: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build --workspace
-	FORKBOX_PYTHON=$(abspath $(PY)) FORKBOX_LOADGEN_REQUIRE_WORKER=1 \
-	  $(CARGO) test --workspace -- --test-threads=2 --show-output
+	@mkdir -p $(TEST_LOGS)
+	set -o pipefail; FORKBOX_PYTHON=$(abspath $(PY)) FORKBOX_LOADGEN_REQUIRE_WORKER=1 FORKBOX_REQUIRE_RUNTIMES=1 \
+	  $(CARGO) test --workspace -- --test-threads=2 --show-output 2>&1 | tee $(TEST_LOGS)/rust.log
 
 test-python: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build -p forkbox
-	$(PY) -m pytest -q sdk/python/tests
-	$(PY) -m pytest -q bench/tests
+	@mkdir -p $(TEST_LOGS)
+	set -o pipefail; $(PY) -m pytest -q -rs sdk/python/tests 2>&1 | tee $(TEST_LOGS)/python-sdk.log
+	set -o pipefail; $(PY) -m pytest -q -rs bench/tests 2>&1 | tee $(TEST_LOGS)/python-bench.log
 
 test-deploy: deps
 	$(CARGO) build -p forkbox
-	FORKBOX_BIN=$(abspath target/debug/forkbox) bash tests/deploy/run.sh
+	@mkdir -p $(TEST_LOGS)
+	set -o pipefail; FORKBOX_BIN=$(abspath target/debug/forkbox) bash tests/deploy/run.sh 2>&1 | tee $(TEST_LOGS)/deploy.log
 
-test: lint test-rust test-python test-deploy
-	@echo "make test: all suites passed"
+# The cgroup v2 limits on a real kernel: one qemu boot runs the cgroup tests and the runtime
+# matrix (tests/vm/run.sh). It is bounded by FORKBOX_VM_TIMEOUT and prints `SKIPPED: <reason>`
+# only where qemu cannot run here; its status is the last line of `make test`.
+test-vm: deps deps-vm
+	$(CARGO) build -p forkbox
+	@mkdir -p $(TEST_LOGS)
+	set -o pipefail; FORKBOX_VM_VENV=$(abspath $(VM_VENV)) bash tests/vm/run.sh 2>&1 | tee $(TEST_LOGS)/vm.log
+
+# Every suite prints `SKIPPED: <reason>` (pytest: `SKIPPED [n] ...`) for what this host cannot
+# run; FORKBOX_REQUIRE_PRIVILEGED=1 makes such a skip a failure instead.
+test: test-logs lint test-rust test-python test-deploy test-vm
+	@bash tests/skips.sh $(TEST_LOGS)
+	@echo "make test: all suites passed; VM tier: $$(cat target/vm-tier.status 2>/dev/null || echo 'not run')"
 
 bench: deps $(PY_VENV)/.forkbox-sdk
 	bash bench/run.sh
 
 clean:
 	$(CARGO) clean
-	rm -rf $(PY_VENV) bench/.venv bench/out
+	rm -rf $(PY_VENV) $(VM_VENV) bench/.venv bench/out

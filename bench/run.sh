@@ -8,6 +8,9 @@
 #   3. HumanEval's 164 canonical solutions: forkbox vs one multiprocessing.Process per problem;
 #   2b. where a queue job's CPU time goes: the same run under `perf record -a`, by role
 #       (bench/profile.py), skipped with the reason where perf is unavailable;
+#   2c. Redis CPU, commands and round trips per job: forkbox, BullMQ and Celery, each on a
+#      fresh redis-server, in alternating rounds (bench/redis_cost.py; installs BullMQ into
+#      bench/.node with npm);
 #   4. scaling over K = 1, 2, 4 nodes in simulated hosts, the Redis cost per job, and the
 #      single-core Redis ceiling (redis-benchmark).
 # Raw results go to bench/out/raw/, one section file per table to bench/out/*.json
@@ -142,6 +145,18 @@ else
     capture cpu-profile bash -c 'perf script -i "$1" --show-task-events -F comm,pid,tid,period,ip,sym 2>/dev/null |
         python3 bench/profile.py --jobs "$2"' _ "$RAW/perf.data" "$PROFILE_JOBS"
     rm -f "$RAW/perf.data"
+fi
+
+say "2c. Redis cost per job: forkbox, BullMQ, Celery ($JOBS jobs, $WORKERS slots, 3 rounds)"
+rm -f "$OUT/redis-cost.json"
+if ! python3 bench/redis_cost.py --forkbox "$FORKBOX" --loadgen "$LOADGEN" --jobs "$JOBS" \
+    --slots "$WORKERS" --rounds 3 --json "$RAW/redis-cost.json" --section "$OUT/redis-cost.json" \
+    >"$RAW/redis-cost.txt" 2>"$RAW/redis-cost.log"; then
+    say "Redis cost run failed or missed a system; see $RAW/redis-cost.log"
+    [ -s "$OUT/redis-cost.json" ] || python3 -c 'import json, sys; print(json.dumps({
+        "section": "redis-cost", "order": 45, "title": "Redis cost per job", "tables": [],
+        "notes": ["not measured: " + sys.argv[1]]}))' "$(tail -n 3 "$RAW/redis-cost.log" | tr '\n' ' ')" \
+        >"$OUT/redis-cost.json"
 fi
 
 say "3. HumanEval"

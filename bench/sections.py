@@ -87,11 +87,10 @@ def spawn(raw):
         notes.append("bubblewrap was not installed, so it was not measured.")
     if "error" not in shared:
         notes.append("By default every sandbox has a network namespace of its own (only `lo`), so jobs cannot "
-                     "reach each other over loopback or abstract sockets. The namespaces are pooled: one is "
-                     "handed to a later sandbox only when the kernel shows it untouched (no packet sent, no "
-                     "socket left; see docs/security.md), so a job that never uses the network does not pay "
-                     "for creating and tearing one down. `--shared-net` (one namespace for all sandboxes of a "
-                     "node) is shown for comparison.")
+                     "reach each other over loopback or abstract sockets. Each is new: the zygote makes it while "
+                     "it builds the sandbox, ahead of demand, and the kernel tears it down in the background "
+                     "once the sandbox is gone; none is handed to a second sandbox (see docs/security.md). "
+                     "`--shared-net` (one namespace for all sandboxes of a node) is shown for comparison.")
     fb = s["forkbox"]["p50_us"]
     notes.append(f"Targets: p50 within 1.5× of bare fork+exec: {fb / bare:.2f}× "
                  f"({'met' if fb <= 1.5 * bare else 'not met'})"

@@ -1,6 +1,8 @@
 """Celery prefork throughput: N tasks of subprocess.run(["/bin/true"]) through a prefork pool of
 W processes on one Redis (broker and result backend). Measured like rq_bench.py: tasks are
-sent first, then the worker starts; throughput is N over first start to last end."""
+sent first, then the worker starts; throughput is N over first start to last end. With
+--task noop the task does nothing (bench/redis_cost.py, which measures Redis' side only).
+The client reads every result with AsyncResult.get."""
 
 import argparse
 import json
@@ -21,17 +23,25 @@ def run_true():
     return (start, time.time())
 
 
+@app.task(name="noop")
+def noop():
+    now = time.time()
+    return (now, now)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--redis", required=True)
     p.add_argument("--jobs", type=int, default=2000)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--task", choices=["run_true", "noop"], default="run_true")
     a = p.parse_args()
+    task = run_true if a.task == "run_true" else noop
     os.environ["CELERY_BROKER_URL"] = a.redis
     app.conf.update(broker_url=a.redis, result_backend=a.redis, worker_prefetch_multiplier=4,
                     task_acks_late=False, broker_connection_retry_on_startup=True)
     app.control.purge()
-    results = [run_true.delay() for _ in range(a.jobs)]
+    results = [task.delay() for _ in range(a.jobs)]
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=here, CELERY_BENCH_REDIS=a.redis)
     t0 = time.time()
@@ -56,6 +66,7 @@ def main():
     print(json.dumps({
         "system": "celery",
         "pool": "prefork",
+        "task": a.task,
         "workers": a.workers,
         "jobs": a.jobs,
         "completed": len(spans),

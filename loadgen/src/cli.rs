@@ -20,13 +20,22 @@ use serde::Serialize;
 #[command(group(ArgGroup::new("load").args(["concurrency", "rate", "ramp", "backlog"])))]
 #[command(group(ArgGroup::new("length").args(["jobs", "duration"])))]
 pub struct Args {
-    /// Redis URL. Without it, the load generator starts its own redis-server (required by
-    /// --hosts and --restart-redis-at).
-    #[arg(long, env = "FORKBOX_REDIS")]
+    /// Redis URL (`FORKBOX_REDIS_URL`, as for every forkbox command; the older
+    /// `FORKBOX_REDIS` is still read, with a warning). Without it, the load generator starts
+    /// its own redis-server (required by --hosts and --restart-redis-at).
+    #[arg(long, env = "FORKBOX_REDIS_URL")]
     pub redis: Option<String>,
+    /// --redis names a Redis Cluster: one or more comma-separated seed URLs; spawned workers
+    /// get --cluster too.
+    #[arg(long, env = "FORKBOX_CLUSTER")]
+    pub cluster: bool,
     /// Queue name.
     #[arg(long, default_value = "loadgen")]
     pub queue: String,
+    /// Partitions of the queue (docs/protocol.md "Partitioned queues"): jobs spread by id,
+    /// spawned workers get the same --partitions. Must match the queue's recorded count.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]
+    pub partitions: usize,
     /// Send N jobs, then wait for their results.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub jobs: Option<u64>,
@@ -54,6 +63,9 @@ pub struct Args {
     /// hostile, jsonl:FILE), or a file holding one.
     #[arg(long, default_value = "noop")]
     pub mix: String,
+    /// Run the python and humaneval jobs in this warm runtime (`python`).
+    #[arg(long, value_name = "RUNTIME")]
+    pub runtime: Option<forkbox_queue::Runtime>,
     /// Start K local worker nodes.
     #[arg(long, value_name = "K", value_parser = at_least_one)]
     pub spawn_workers: Option<usize>,
@@ -77,6 +89,11 @@ pub struct Args {
     /// SIGKILL and restart the load generator's own Redis when this share of the run is done.
     #[arg(long, value_name = "PCT", value_parser = parse_pct)]
     pub restart_redis_at: Option<f64>,
+    /// With --cluster: SIGKILL the cluster primary serving the most of the queue's partitions
+    /// when this share of the run is done, for its replica to take over. The cluster's nodes
+    /// must run on this machine (the primary's pid comes from INFO server).
+    #[arg(long, value_name = "PCT", value_parser = parse_pct, requires = "cluster")]
+    pub kill_redis_primary_at: Option<f64>,
     /// Visibility timeout passed to spawned workers (2000 by default when a fault is injected).
     #[arg(long, value_name = "MS")]
     pub visibility_timeout_ms: Option<u64>,
@@ -128,9 +145,23 @@ pub struct Args {
     /// that starts workers, hosts or a Redis of its own does this first anyway.
     #[arg(long, conflicts_with_all = [
         "jobs", "duration", "concurrency", "rate", "ramp", "backlog", "spawn_workers", "hosts",
-        "scale", "kill_worker_at", "restart_redis_at", "report", "warmup",
+        "scale", "kill_worker_at", "restart_redis_at", "kill_redis_primary_at", "report", "warmup",
     ])]
     pub cleanup: bool,
+}
+
+impl Args {
+    /// Fills `--redis` from the deprecated `FORKBOX_REDIS` when neither the flag nor
+    /// `FORKBOX_REDIS_URL` gave it; returns the warning to print when it did.
+    pub fn take_deprecated_redis_env(&mut self, old: Option<String>) -> Option<&'static str> {
+        match old.filter(|v| !v.is_empty()) {
+            Some(url) if self.redis.is_none() && !self.cleanup => {
+                self.redis = Some(url);
+                Some("FORKBOX_REDIS is deprecated; set FORKBOX_REDIS_URL instead")
+            }
+            _ => None,
+        }
+    }
 }
 
 /// A count that must be at least 1 (jobs in flight, workers, hosts, steps).
@@ -271,5 +302,20 @@ mod tests {
         assert!(Args::try_parse_from(["x", "--cleanup"]).unwrap().cleanup);
         assert!(Args::try_parse_from(["x", "--cleanup", "--quiet"]).is_ok());
         assert!(Args::try_parse_from(["x", "--cleanup", "--jobs", "5"]).is_err());
+    }
+
+    #[test]
+    fn the_old_redis_variable_still_works_with_a_warning() {
+        let mut a = Args::try_parse_from(["x", "--jobs", "1"]).unwrap();
+        a.redis = None;
+        let warning = a.take_deprecated_redis_env(Some("redis://old:1/".into()));
+        assert!(warning.unwrap().contains("FORKBOX_REDIS_URL"));
+        assert_eq!(a.redis.as_deref(), Some("redis://old:1/"));
+        let mut b = Args::try_parse_from(["x", "--redis", "redis://new:1/"]).unwrap();
+        assert_eq!(
+            b.take_deprecated_redis_env(Some("redis://old:1/".into())),
+            None
+        );
+        assert_eq!(b.redis.as_deref(), Some("redis://new:1/"));
     }
 }

@@ -19,13 +19,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use indicatif::ProgressBar;
-use redis::aio::MultiplexedConnection;
 use redis::streams::StreamReadReply;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use forkbox_queue::keys::{JOB_FIELD, RESULT_FIELD};
-use forkbox_queue::Keys;
+use forkbox_queue::{Connection, Endpoint, Keys, Link};
 
 use crate::mix::{JobSource, Planned};
 use crate::stats::{percentiles_ms, Recorder, ResultView};
@@ -65,6 +64,7 @@ pub enum Stop {
 pub enum Fault {
     KillWorker,
     RestartRedis,
+    KillRedisPrimary,
 }
 
 /// A fault that was injected.
@@ -122,23 +122,64 @@ impl PhaseOutcome {
     }
 }
 
-pub(crate) async fn connect(client: &redis::Client) -> redis::RedisResult<MultiplexedConnection> {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(RESPONSE_TIMEOUT)
-        .set_connection_timeout(CONNECT_TIMEOUT);
-    client
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
+/// Where the load goes: one Redis server or a Redis Cluster (`--cluster`).
+#[derive(Clone)]
+pub enum Target {
+    Single(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+impl Target {
+    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds).
+    pub fn open(redis: &str, cluster: bool) -> anyhow::Result<Target> {
+        match Endpoint::parse(redis, cluster)? {
+            Endpoint::Single(url) => Ok(Target::Single(
+                redis::Client::open(url.as_str()).with_context(|| format!("redis URL {url}"))?,
+            )),
+            Endpoint::Cluster(seeds) => Ok(Target::Cluster(
+                redis::cluster::ClusterClient::builder(seeds)
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .response_timeout(RESPONSE_TIMEOUT)
+                    .retries(10)
+                    .min_retry_wait(100)
+                    .max_retry_wait(2_000)
+                    .retry_wait_formula(100, 2)
+                    .build()
+                    .context("cluster seed URLs")?,
+            )),
+        }
+    }
+
+    /// Where it is, for messages (never a URL, which may hold a password).
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Single(c) => c.get_connection_info().addr.to_string(),
+            Target::Cluster(_) => "the Redis Cluster".to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+pub(crate) async fn connect(target: &Target) -> redis::RedisResult<Connection> {
+    match target {
+        Target::Single(client) => Ok(Connection::single(Link::open(client.clone()).await?)),
+        Target::Cluster(client) => Ok(Connection::cluster(client.get_async_connection().await?)),
+    }
 }
 
 /// A connection that is re-established after an error.
 struct Conn {
-    client: redis::Client,
-    conn: Option<MultiplexedConnection>,
+    client: Target,
+    conn: Option<Connection>,
 }
 
 impl Conn {
-    async fn get(&mut self) -> redis::RedisResult<&mut MultiplexedConnection> {
+    async fn get(&mut self) -> redis::RedisResult<&mut Connection> {
         if self.conn.is_none() {
             self.conn = Some(connect(&self.client).await?);
         }
@@ -188,7 +229,7 @@ type Arrivals = Vec<(Instant, Vec<u8>)>;
 /// Reads the results stream from `from` until `stop` turns true, forwarding each batch of
 /// result JSON with its arrival time.
 async fn read_results(
-    client: redis::Client,
+    client: Target,
     stream: String,
     from: String,
     tx: mpsc::UnboundedSender<Arrivals>,
@@ -241,8 +282,10 @@ fn open_interval(rate: f64) -> Duration {
 
 /// Runs phases against one queue.
 pub struct Driver {
-    client: redis::Client,
+    client: Target,
     keys: Keys,
+    /// Every partition's keys, partition 0 (`keys`) first; a job goes to its id's.
+    parts: Vec<Keys>,
     run: String,
     t0: Instant,
     pub progress: ProgressBar,
@@ -296,16 +339,19 @@ impl Progress<'_> {
 
 impl Driver {
     pub fn new(
-        redis_url: &str,
+        target: Target,
         queue: &str,
+        partitions: usize,
         run: &str,
         t0: Instant,
         cancel: watch::Receiver<bool>,
     ) -> anyhow::Result<Driver> {
         Ok(Driver {
-            client: redis::Client::open(redis_url)
-                .with_context(|| format!("redis URL {redis_url}"))?,
+            client: target,
             keys: Keys::new(queue)?,
+            parts: (0..partitions.max(1))
+                .map(|p| Keys::partition(queue, p, partitions.max(1)))
+                .collect::<Result<_, _>>()?,
             run: run.to_owned(),
             t0,
             progress: ProgressBar::hidden(),
@@ -317,8 +363,22 @@ impl Driver {
         &self.keys
     }
 
-    pub fn client(&self) -> &redis::Client {
+    pub fn client(&self) -> &Target {
         &self.client
+    }
+
+    /// Every partition's keys, partition 0 first.
+    pub fn partitions(&self) -> &[Keys] {
+        &self.parts
+    }
+
+    fn part_of(&self, id: &str) -> usize {
+        forkbox_queue::keys::partition_of(id, self.parts.len())
+    }
+
+    /// The keys of the partition job `id` goes to.
+    fn keys_for(&self, id: &str) -> &Keys {
+        &self.parts[self.part_of(id)]
     }
 
     /// Ids of `ids` that are already in the job stream or have a result.
@@ -328,47 +388,46 @@ impl Driver {
         ids: &[String],
     ) -> redis::RedisResult<HashSet<String>> {
         let mut found = HashSet::new();
-        let mut p = redis::pipe();
         for id in ids {
-            p.cmd("EXISTS").arg(self.keys.result(id));
-        }
-        let exists: Vec<bool> = conn.pipe(&p).await?;
-        found.extend(
-            ids.iter()
-                .zip(exists)
-                .filter(|(_, e)| *e)
-                .map(|(id, _)| id.clone()),
-        );
-        let wanted: HashSet<&str> = ids.iter().map(String::as_str).collect();
-        let mut from = "-".to_owned();
-        loop {
-            let page: redis::streams::StreamRangeReply = conn
-                .query(
-                    redis::cmd("XRANGE")
-                        .arg(self.keys.jobs())
-                        .arg(&from)
-                        .arg("+")
-                        .arg("COUNT")
-                        .arg(5000),
-                )
+            let exists: bool = conn
+                .query(redis::cmd("EXISTS").arg(self.keys_for(id).result(id)))
                 .await?;
-            let n = page.ids.len();
-            for e in &page.ids {
-                if let Some(v) = e.map.get(JOB_FIELD) {
-                    if let Ok(bytes) = redis::from_redis_value::<Vec<u8>>(v) {
-                        if let Ok(j) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                            if let Some(id) = j.get("id").and_then(|v| v.as_str()) {
-                                if wanted.contains(id) {
-                                    found.insert(id.to_owned());
+            if exists {
+                found.insert(id.clone());
+            }
+        }
+        let wanted: HashSet<&str> = ids.iter().map(String::as_str).collect();
+        for part in &self.parts {
+            let mut from = "-".to_owned();
+            loop {
+                let page: redis::streams::StreamRangeReply = conn
+                    .query(
+                        redis::cmd("XRANGE")
+                            .arg(part.jobs())
+                            .arg(&from)
+                            .arg("+")
+                            .arg("COUNT")
+                            .arg(5000),
+                    )
+                    .await?;
+                let n = page.ids.len();
+                for e in &page.ids {
+                    if let Some(v) = e.map.get(JOB_FIELD) {
+                        if let Ok(bytes) = redis::from_redis_value::<Vec<u8>>(v) {
+                            if let Ok(j) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                                if let Some(id) = j.get("id").and_then(|v| v.as_str()) {
+                                    if wanted.contains(id) {
+                                        found.insert(id.to_owned());
+                                    }
                                 }
                             }
                         }
                     }
                 }
-            }
-            match page.ids.last() {
-                Some(e) if n == 5000 => from = format!("({}", e.id),
-                _ => break,
+                match page.ids.last() {
+                    Some(e) if n == 5000 => from = format!("({}", e.id),
+                    _ => break,
+                }
             }
         }
         Ok(found)
@@ -384,16 +443,28 @@ impl Driver {
         let mut pending: Vec<&(String, String)> = batch.iter().collect();
         let mut failures = 0u32;
         loop {
-            let mut p = redis::pipe();
-            for (_, json) in &pending {
-                p.cmd("XADD")
-                    .arg(self.keys.jobs())
-                    .arg("*")
-                    .arg(JOB_FIELD)
-                    .arg(json.as_str())
-                    .ignore();
+            // One pipeline per partition: a cluster pipeline stays in one slot.
+            let mut sent = Ok(());
+            for part in 0..self.parts.len() {
+                let mut p = redis::pipe();
+                let mut any = false;
+                for (id, json) in pending.iter().filter(|(id, _)| self.part_of(id) == part) {
+                    p.cmd("XADD")
+                        .arg(self.keys_for(id).jobs())
+                        .arg("*")
+                        .arg(JOB_FIELD)
+                        .arg(json.as_str())
+                        .ignore();
+                    any = true;
+                }
+                if any {
+                    sent = conn.pipe::<()>(&p).await;
+                    if sent.is_err() {
+                        break;
+                    }
+                }
             }
-            match conn.pipe::<()>(&p).await {
+            match sent {
                 Ok(()) => return Ok(()),
                 Err(e) => {
                     failures += 1;
@@ -439,23 +510,31 @@ impl Driver {
             client: self.client.clone(),
             conn: None,
         };
-        let from = last_id(&mut conn, &self.keys.results())
-            .await
-            .context("reading the results stream")?;
         let (stop_tx, stop_rx) = watch::channel(false);
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let reader = tokio::spawn(read_results(
-            self.client.clone(),
-            self.keys.results(),
-            from,
-            tx,
-            stop_rx,
-        ));
+        // One reader per partition's results stream: in a cluster they are on different
+        // shards, which one XREAD cannot span.
+        let mut readers = Vec::new();
+        for part in &self.parts {
+            let from = last_id(&mut conn, &part.results())
+                .await
+                .context("reading the results stream")?;
+            readers.push(tokio::spawn(read_results(
+                self.client.clone(),
+                part.results(),
+                from,
+                tx.clone(),
+                stop_rx.clone(),
+            )));
+        }
+        drop(tx);
         let r = self
             .phase_loop(spec, source, &mut cluster, &mut conn, &mut rx)
             .await;
         let _ = stop_tx.send(true);
-        let _ = reader.await;
+        for reader in readers {
+            let _ = reader.await;
+        }
         let mut outcome = r?;
         // Results whose stream entry was never read.
         let missing: Vec<usize> = outcome
@@ -466,18 +545,26 @@ impl Driver {
             .filter(|(_, r)| r.sent_us.is_some() && r.results == 0)
             .map(|(i, _)| i)
             .collect();
-        for chunk in missing.chunks(500) {
-            let mut p = redis::pipe();
-            for &seq in chunk {
-                p.cmd("GET")
-                    .arg(self.keys.result(&self.job_id(&spec.tag, seq)));
-            }
-            let Ok(values) = conn.pipe::<Vec<Option<Vec<u8>>>>(&p).await else {
-                break;
-            };
-            for (&seq, v) in chunk.iter().zip(values) {
-                if let Some(r) = v.as_deref().and_then(ResultView::parse) {
-                    outcome.recorder.late_result(seq, &r);
+        // One pipeline per partition and chunk: a cluster pipeline stays in one slot.
+        'parts: for part in 0..self.parts.len() {
+            let mine: Vec<usize> = missing
+                .iter()
+                .copied()
+                .filter(|&seq| self.part_of(&self.job_id(&spec.tag, seq)) == part)
+                .collect();
+            for chunk in mine.chunks(500) {
+                let mut p = redis::pipe();
+                for &seq in chunk {
+                    let id = self.job_id(&spec.tag, seq);
+                    p.cmd("GET").arg(self.keys_for(&id).result(&id));
+                }
+                let Ok(values) = conn.pipe::<Vec<Option<Vec<u8>>>>(&p).await else {
+                    break 'parts;
+                };
+                for (&seq, v) in chunk.iter().zip(values) {
+                    if let Some(r) = v.as_deref().and_then(ResultView::parse) {
+                        outcome.recorder.late_result(seq, &r);
+                    }
                 }
             }
         }

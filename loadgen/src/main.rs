@@ -16,7 +16,10 @@ use tokio::sync::watch;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Some(warning) = args.take_deprecated_redis_env(std::env::var("FORKBOX_REDIS").ok()) {
+        eprintln!("forkbox-loadgen: warning: {warning}");
+    }
     if args.cleanup {
         return cleanup();
     }

@@ -343,6 +343,8 @@ pub struct JobSource {
     jsonl: BTreeMap<PathBuf, Vec<Job>>,
     /// Per-entry counters, to rotate through problems, hostile programs and file lines.
     turns: Vec<usize>,
+    /// The runtime the python and humaneval jobs ask for (`--runtime`).
+    runtime: Option<forkbox_queue::Runtime>,
 }
 
 impl JobSource {
@@ -370,6 +372,7 @@ impl JobSource {
             humaneval,
             jsonl,
             turns: vec![0; mix.entries.len()],
+            runtime: None,
         })
     }
 
@@ -404,9 +407,25 @@ impl JobSource {
         }
     }
 
+    /// Makes the python and humaneval jobs ask for `runtime`.
+    pub fn set_runtime(&mut self, runtime: Option<forkbox_queue::Runtime>) {
+        self.runtime = runtime;
+    }
+
     /// The job entry `kind` sends on its `turn`-th pick, what its result should be, and the
     /// HumanEval task it is.
     fn job(&self, kind: usize, turn: usize) -> (Job, Expect, Option<String>) {
+        let (mut job, expect, task) = self.base_job(kind, turn);
+        if matches!(
+            self.entries[kind].workload,
+            Workload::Python | Workload::HumanEval
+        ) {
+            job.runtime = self.runtime;
+        }
+        (job, expect, task)
+    }
+
+    fn base_job(&self, kind: usize, turn: usize) -> (Job, Expect, Option<String>) {
         let mut task = None;
         let (job, expect) = match &self.entries[kind].workload {
             Workload::Noop => (Job::argv(["/bin/true"]), Expect::Ok),
@@ -673,5 +692,17 @@ mod tests {
         std::fs::write(&jobs, "{\"cmd\":\"x\",\"bogus\":1}\n").unwrap();
         let e = JobSource::new(&mix, Vec::new()).unwrap_err();
         assert!(format!("{e:#}").contains("jobs.jsonl:1"), "{e:#}");
+    }
+
+    #[test]
+    fn runtime_applies_to_python_jobs_only() {
+        let mut src = JobSource::new(&Mix::parse("noop,python").unwrap(), Vec::new()).unwrap();
+        src.set_runtime(Some(forkbox_queue::Runtime::Python));
+        let jobs: Vec<Planned> = (0..4).map(|_| src.next_job()).collect();
+        for p in &jobs {
+            let python = p.job.command()[0] == "python3";
+            assert_eq!(p.job.runtime.is_some(), python, "{:?}", p.job.command());
+        }
+        assert!(jobs.iter().any(|p| p.job.runtime.is_some()));
     }
 }

@@ -14,6 +14,15 @@
 use std::net::Ipv4Addr;
 use std::process::Command;
 
+/// Bridge alias prefix, followed by the owner: how the next run finds the hosts of one killed
+/// outright.
+pub(crate) const ALIAS_PREFIX: &str = "forkbox-loadgen ";
+
+/// The alias given to a run's bridge.
+pub fn bridge_alias(owner: &str) -> String {
+    format!("{ALIAS_PREFIX}{owner}")
+}
+
 /// Upper bound on `--hosts`: each host costs a namespace, two interfaces and a worker.
 pub const MAX_HOSTS: usize = 32;
 /// Addresses are taken from 10.213.X.0/24 with X chosen free at set-up.
@@ -155,7 +164,7 @@ impl<I: IpCommand> SimulatedHosts<I> {
         self.run(&["link", "add", &bridge, "type", "bridge"])?;
         self.created.push(Created::Bridge(bridge.clone()));
         // Marks the run's owner, so that a later run removes all this if we are killed outright.
-        let alias = crate::orphans::bridge_alias(&forkbox_queue::owner::tag());
+        let alias = bridge_alias(&forkbox_queue::owner::tag());
         self.run(&["link", "set", &bridge, "alias", &alias])?;
         let cidr = format!("{}/24", self.bridge_addr);
         self.run(&["addr", "add", &cidr, "dev", &bridge])?;

@@ -18,24 +18,16 @@ use std::path::Path;
 
 use forkbox_queue::owner;
 
-use crate::netns::{link_names, IpCommand};
+use crate::netns::{link_names, IpCommand, ALIAS_PREFIX};
 
 /// Environment variable naming the load generator a process was started by.
 pub const OWNER_ENV: &str = "FORKBOX_LOADGEN_OWNER";
-/// Bridge alias prefix, followed by the owner.
-const ALIAS_PREFIX: &str = "forkbox-loadgen ";
-
 /// Name prefix of this process's temporary directories: `forkbox-loadgen-<owner>-`.
 pub fn temp_prefix() -> String {
     format!("{TEMP_PREFIX}{}-", owner::tag())
 }
 
 const TEMP_PREFIX: &str = "forkbox-loadgen-";
-
-/// The alias given to a run's bridge.
-pub fn bridge_alias(owner: &str) -> String {
-    format!("{ALIAS_PREFIX}{owner}")
-}
 
 /// Processes marked with an owner, by environment or by working directory: (pid, owner
 /// tag). Processes of other users are skipped (unreadable), and so is this process.

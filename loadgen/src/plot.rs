@@ -119,6 +119,7 @@ where
         let name = match f.fault {
             crate::driver::Fault::KillWorker => "worker killed",
             crate::driver::Fault::RestartRedis => "Redis restarted",
+            crate::driver::Fault::KillRedisPrimary => "Redis primary killed",
         };
         let line = RED.mix(0.6).stroke_width(1);
         chart.draw_series(LineSeries::new(vec![(f.at_s, bottom), (f.at_s, top)], line))?;

@@ -701,15 +701,17 @@ mod tests {
     #[test]
     fn result_view_reads_the_schema_result() {
         let r = forkbox_queue::JobResult {
-            id: "lg-1".into(),
             outcome: forkbox_queue::Outcome {
                 spawn_us: 1234,
                 duration_ms: 2.5,
                 ..forkbox_queue::Outcome::not_run(forkbox_queue::Status::CpuLimit, "x")
             },
-            attempt: 2,
-            worker: "w1".into(),
-            batch: None,
+            ..forkbox_queue::JobResult::new(
+                "lg-1".into(),
+                forkbox_queue::Outcome::not_run(forkbox_queue::Status::CpuLimit, "x"),
+                2,
+                "w1".into(),
+            )
         };
         let json = serde_json::to_vec(&r).unwrap();
         let v = ResultView::parse(&json).unwrap();

@@ -32,7 +32,7 @@ fn forkbox_worker() -> Option<PathBuf> {
     if std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_some() {
         panic!("{reason}");
     }
-    println!("SKIPPED: {reason}");
+    forkbox_queue::skip::skipped(reason);
     None
 }
 
@@ -152,7 +152,7 @@ fn killing_a_worker_mid_run_loses_no_job() {
 #[test]
 fn simulated_hosts_are_removed_after_the_run() {
     if let Err(reason) = forkbox_loadgen::netns::available() {
-        println!("SKIPPED: ip netns is unavailable here: {reason}");
+        forkbox_queue::skip::skipped(format!("ip netns is unavailable here: {reason}"));
         return;
     }
     let Some(bin) = forkbox_worker() else { return };
@@ -311,7 +311,7 @@ fn workers_serving(queue: &str) -> usize {
 #[test]
 fn interrupting_a_run_leaves_no_host_link_or_worker_behind() {
     if let Err(reason) = forkbox_loadgen::netns::available() {
-        println!("SKIPPED: ip netns is unavailable here: {reason}");
+        forkbox_queue::skip::skipped(format!("ip netns is unavailable here: {reason}"));
         return;
     }
     let Some(bin) = forkbox_worker() else { return };
@@ -393,7 +393,7 @@ fn the_humaneval_workload_passes_all_164_problems() {
             std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_none(),
             "{reason}"
         );
-        println!("SKIPPED: {reason}");
+        forkbox_queue::skip::skipped(reason);
         return;
     }
     let data = data.to_str().unwrap();
@@ -600,7 +600,9 @@ fn what_a_load_generator_killed_outright_left_is_removed_by_cleanup() {
     let hosts = match forkbox_loadgen::netns::available() {
         Ok(()) => true,
         Err(reason) => {
-            println!("SKIPPED (the simulated hosts part): ip netns is unavailable here: {reason}");
+            forkbox_queue::skip::skipped(format!(
+                "the simulated hosts part: ip netns is unavailable here: {reason}"
+            ));
             false
         }
     };
@@ -615,6 +617,7 @@ fn what_a_load_generator_killed_outright_left_is_removed_by_cleanup() {
         .env("FORKBOX_BIN", &bin)
         // Its own Redis, whatever the caller's environment names.
         .env_remove("FORKBOX_REDIS")
+        .env_remove("FORKBOX_REDIS_URL")
         .stdout(std::process::Stdio::null())
         .spawn()
         .unwrap();

@@ -4,41 +4,82 @@
 -- KEYS[5] jobs stream   KEYS[6] reply_to stream  KEYS[7] idem marker    KEYS[8] dead stream
 -- ARGV[1] result JSON   ARGV[2] TTL in seconds   ARGV[3] results MAXLEN  ARGV[4] status
 -- ARGV[5] group         ARGV[6] entry id         ARGV[7] '1' if batched  ARGV[8] '1' if reply_to
--- ARGV[9] dead MAXLEN   ARGV[10..] dead-letter fields, name value ...; none when completing
+-- ARGV[9] dead MAXLEN   ARGV[10] entries to read after ('0': none)   ARGV[11] reading consumer
+-- ARGV[12..] dead-letter fields, name value ...; none when completing
 --
--- A result that already exists wins: the call is then a duplicate and only acknowledges.
--- Returns 1 when this call stored the result, 0 for a duplicate.
-local stored = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  local ttl = ARGV[2]
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
-  redis.call('RPUSH', KEYS[2], ARGV[4])
-  redis.call('EXPIRE', KEYS[2], ttl)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'result', ARGV[1])
-  -- pcall: these keys are named by the job; a wrong type there must not abort the completion
-  -- half-way (scripts do not roll back).
-  if ARGV[7] == '1' then
-    redis.pcall('HINCRBY', KEYS[4], 'done', 1)
-    redis.pcall('HINCRBY', KEYS[4], ARGV[4], 1)
-    redis.pcall('EXPIRE', KEYS[4], ttl)
+-- Fenced by delivery: only a completion whose entry is still pending in the group (delivered
+-- and not yet acknowledged, by whichever consumer holds it now) may store. A late completion
+-- of an entry another delivery already finished (a worker stalled past the visibility
+-- timeout, the entry was reclaimed, rerun and acknowledged) changes nothing, even once the
+-- first result has expired. A result that already exists wins too: the call then only
+-- acknowledges. Returns 1 when this call stored the result, 0 when it did not.
+-- With ARGV[10] > 0, the call then reads up to that many new entries of KEYS[5] for consumer
+-- ARGV[11] (XREADGROUP without BLOCK) and returns {stored, entries}, or {stored, false, error}
+-- when the read failed; a refused completion reads nothing. A Redis Cluster client sees one
+-- reply per script call, so the entries a completion read are never hidden behind another
+-- command's error (as they would be in a cluster pipeline).
+-- Refused before anything changes: a script does not roll back, so a key of the wrong type
+-- found half-way would leave the entry acknowledged and its result half stored. Only the keys
+-- whose type the layout fixes are checked; the ones a job names are written with pcall below.
+local function wrong_type(key, kind)
+  local t = redis.call('TYPE', key).ok
+  if t ~= 'none' and t ~= kind then
+    return redis.error_reply('WRONGTYPE ' .. key .. ' holds a ' .. t .. ', not a ' .. kind), t
   end
-  if ARGV[8] == '1' then
-    redis.pcall('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'result', ARGV[1])
+  return nil, t
+end
+local function finish()
+  -- The result key's type also says whether a result exists: nothing below writes it first.
+  local refused, result_type = wrong_type(KEYS[1], 'string')
+  refused = refused or wrong_type(KEYS[2], 'list') or wrong_type(KEYS[3], 'stream')
+    or (#ARGV > 11 and wrong_type(KEYS[8], 'stream'))
+  if refused then
+    return refused
   end
-  if redis.call('EXISTS', KEYS[7]) == 1 then
+  if redis.call('XACK', KEYS[5], ARGV[5], ARGV[6]) == 0 then
+    return 0
+  end
+  local stored = 0
+  if result_type == 'none' then
+    local ttl = ARGV[2]
+    redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
+    redis.call('RPUSH', KEYS[2], ARGV[4])
+    redis.call('EXPIRE', KEYS[2], ttl)
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'result', ARGV[1])
+    -- pcall: these keys are named by the job; a wrong type there must not abort the completion
+    -- half-way (scripts do not roll back).
+    if ARGV[7] == '1' then
+      redis.pcall('HINCRBY', KEYS[4], 'done', 1)
+      redis.pcall('HINCRBY', KEYS[4], ARGV[4], 1)
+      redis.pcall('EXPIRE', KEYS[4], ttl)
+    end
+    if ARGV[8] == '1' then
+      redis.pcall('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'result', ARGV[1])
+    end
+    -- A missing marker (a raw XADD) stays missing: EXPIRE does nothing to it.
     redis.call('EXPIRE', KEYS[7], ttl)
+    stored = 1
   end
-  stored = 1
-end
-if #ARGV > 9 then
-  local fields = {}
-  for i = 10, #ARGV do
-    fields[#fields + 1] = ARGV[i]
+  if #ARGV > 11 then
+    local fields = {}
+    for i = 12, #ARGV do
+      fields[#fields + 1] = ARGV[i]
+    end
+    fields[#fields + 1] = 'result_stored'
+    fields[#fields + 1] = tostring(stored)
+    redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[9], '*', unpack(fields))
   end
-  fields[#fields + 1] = 'result_stored'
-  fields[#fields + 1] = tostring(stored)
-  redis.call('XADD', KEYS[8], 'MAXLEN', '~', ARGV[9], '*', unpack(fields))
+  redis.call('XDEL', KEYS[5], ARGV[6])
+  return stored
 end
-redis.call('XACK', KEYS[5], ARGV[5], ARGV[6])
-redis.call('XDEL', KEYS[5], ARGV[6])
-return stored
+
+local outcome = finish()
+if type(outcome) == 'table' or ARGV[10] == '0' then
+  return outcome
+end
+local read = redis.pcall('XREADGROUP', 'GROUP', ARGV[5], ARGV[11], 'COUNT', ARGV[10],
+  'STREAMS', KEYS[5], '>')
+if type(read) == 'table' and read.err then
+  return {outcome, false, read.err}
+end
+return {outcome, read}

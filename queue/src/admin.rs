@@ -120,6 +120,13 @@ impl Queue {
             .map_err(|e| self.stats_err(e))
     }
 
+    /// How many workers have a live heartbeat on this queue (their keys expire when they stop).
+    pub async fn live_workers(&self) -> Result<usize, QueueError> {
+        live_workers(&mut self.conn(), &self.keys)
+            .await
+            .map_err(|e| self.stats_err(e))
+    }
+
     /// Stream length, pending, lag, consumers and dead letters.
     pub async fn stats(&self) -> Result<Stats, QueueError> {
         let jobs = self.keys.jobs();
@@ -344,5 +351,55 @@ fn dead_letter(e: &reply::RawEntry) -> DeadLetter {
         worker: text("worker"),
         at_ms: text("at_ms").parse().unwrap_or(0),
         result_stored: text("result_stored") == "1",
+    }
+}
+
+/// How many workers have a live heartbeat on the queue of `keys` (one SCAN over
+/// `forkbox:{Q}:worker:*`, on the queue's shard in a cluster). A client that is about to wait on a queue uses it to warn
+/// that nothing serves the queue rather than wait in silence.
+pub async fn live_workers(
+    conn: &mut crate::queue::Connection,
+    keys: &crate::keys::Keys,
+) -> redis::RedisResult<usize> {
+    let pattern = format!("{}*", glob_escape(&keys.worker("")));
+    let (mut cursor, mut found) = (0u64, 0);
+    loop {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000);
+        // In a cluster, on the queue's shard: its heartbeats are there.
+        let (next, batch): (u64, Vec<String>) = conn.query_in_slot_of(&keys.jobs(), &scan).await?;
+        found += batch.len();
+        if next == 0 {
+            return Ok(found);
+        }
+        cursor = next;
+    }
+}
+
+/// `s` matched literally by a Redis glob pattern.
+pub fn glob_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for ch in s.chars() {
+        if matches!(ch, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn glob_patterns_match_queue_names_literally() {
+        assert_eq!(
+            super::glob_escape("forkbox:{a*b?[c]\\}:"),
+            "forkbox:{a\\*b\\?\\[c\\]\\\\}:"
+        );
+        assert_eq!(super::glob_escape("plain"), "plain");
     }
 }

@@ -7,13 +7,25 @@
 //! whose id is in the set (completing it with status `cancelled`) and kills a running one.
 //! Members older than the result TTL are trimmed at each cancel: by then the job either ran or
 //! its result expired.
+//!
+//! In a Redis Cluster the channel is a sharded one (`SPUBLISH`/`SSUBSCRIBE`): it lives in the
+//! slot of the queue's `{Q}` hash tag, so the message is handled by the shard that holds the
+//! queue instead of being broadcast to every node. The watcher subscribes on the primary
+//! serving that slot (following the `MOVED` reply of whichever node it asks first); when the
+//! slot moves or its primary dies, the node drops the subscription or the connection, and the
+//! watcher subscribes again where the slot now is and resyncs from the sorted set.
+
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, ProtocolVersion, PushKind};
+use redis::{
+    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushKind,
+};
 use tokio::sync::mpsc;
 
 use crate::error::QueueError;
-use crate::queue::{now_ms, Queue};
+use crate::link::{connection_config, RESPONSE_TIMEOUT};
+use crate::queue::{now_ms, Opener, Queue};
 use crate::reply;
 
 /// What a [`CancelWatcher`] saw.
@@ -39,6 +51,11 @@ impl Queue {
     pub async fn cancel(&self, id: &str) -> Result<u64, QueueError> {
         let now = now_ms();
         let horizon = now.saturating_sub(self.config.result_ttl_s.saturating_mul(1000));
+        let publish = if self.broker.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        };
         let (heard,): (u64,) = redis::pipe()
             .atomic()
             .zadd(self.keys.cancelled(), id, now)
@@ -48,7 +65,9 @@ impl Queue {
             .arg("-inf")
             .arg(format!("({horizon}"))
             .ignore()
-            .publish(self.keys.cancel_channel(), id)
+            .cmd(publish)
+            .arg(self.keys.cancel_channel())
+            .arg(id)
             .query_async(&mut self.conn())
             .await
             .map_err(|e| self.cancel_err(e))?;
@@ -99,24 +118,30 @@ impl Queue {
     }
 }
 
+/// How often an idle subscription is checked with a PING: a subscribed connection only
+/// receives, so without it a half-open connection (a network partition) would go unnoticed
+/// and cancellations would be missed silently.
+pub const SUBSCRIPTION_PING: Duration = Duration::from_secs(5);
+
 /// Follows a queue's cancel channel over its own RESP3 connection, reconnecting as needed.
 #[derive(Debug)]
 pub struct CancelWatcher {
     queue: Queue,
-    link: Option<Link>,
+    link: Option<Subscription>,
 }
 
 #[derive(Debug)]
-struct Link {
-    // Kept alive for the subscription; pushes arrive on `rx`.
-    _conn: MultiplexedConnection,
+struct Subscription {
+    // Kept for the subscription and its PINGs; pushes arrive on `rx`.
+    conn: MultiplexedConnection,
     rx: mpsc::UnboundedReceiver<redis::PushInfo>,
 }
 
 impl CancelWatcher {
     /// Waits for the next event. After a (re)connection the first event is
-    /// [`CancelEvent::Resynced`] with the full set. On a connection error it returns the error;
-    /// call `next` again (after a back-off) to reconnect.
+    /// [`CancelEvent::Resynced`] with the full set. On a connection error (including a PING
+    /// unanswered within [`RESPONSE_TIMEOUT`] every [`SUBSCRIPTION_PING`]) it returns the
+    /// error; call `next` again (after a back-off) to reconnect.
     pub async fn next(&mut self) -> Result<CancelEvent, QueueError> {
         loop {
             let Some(link) = &mut self.link else {
@@ -126,34 +151,108 @@ impl CancelWatcher {
                 // in neither.
                 return Ok(CancelEvent::Resynced(self.queue.load_cancelled().await?));
             };
-            match link.rx.recv().await {
-                Some(push) if push.kind == PushKind::Message => {
+            let push = tokio::select! {
+                push = link.rx.recv() => push,
+                _ = tokio::time::sleep(SUBSCRIPTION_PING) => {
+                    let pong: redis::RedisResult<String> =
+                        redis::cmd("PING").query_async(&mut link.conn).await;
+                    if let Err(e) = pong {
+                        self.link = None;
+                        return Err(self.queue.cancel_err(e));
+                    }
+                    continue;
+                }
+            };
+            match push {
+                Some(push) if matches!(push.kind, PushKind::Message | PushKind::SMessage) => {
                     if let Some(id) = push.data.get(1).and_then(reply::string) {
                         return Ok(CancelEvent::Cancelled(id));
                     }
                 }
-                Some(push) if push.kind == PushKind::Disconnection => self.link = None,
+                // A node that stops serving the slot (failover, resharding) drops the sharded
+                // subscription: subscribe again where the slot is now.
+                Some(push)
+                    if matches!(push.kind, PushKind::Disconnection | PushKind::SUnsubscribe) =>
+                {
+                    self.link = None
+                }
                 Some(_) => {}
                 None => self.link = None,
             }
         }
     }
 
-    async fn connect(&self) -> Result<Link, QueueError> {
+    async fn connect(&self) -> Result<Subscription, QueueError> {
         let err = |e| self.queue.cancel_err(e);
-        let mut info = self.queue.broker.client().get_connection_info().clone();
-        info.redis.protocol = ProtocolVersion::RESP3;
-        let client = Client::open(info).map_err(err)?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut conn = client
-            .get_multiplexed_async_connection_with_config(
-                &AsyncConnectionConfig::new().set_push_sender(tx),
-            )
-            .await
-            .map_err(err)?;
-        conn.subscribe(self.queue.keys.cancel_channel())
-            .await
-            .map_err(err)?;
-        Ok(Link { _conn: conn, rx })
+        let channel = self.queue.keys.cancel_channel();
+        match self.queue.broker.opener() {
+            Opener::Single(client) => {
+                let (mut conn, rx) = resp3_connection(client.get_connection_info().clone())
+                    .await
+                    .map_err(err)?;
+                conn.subscribe(&channel).await.map_err(err)?;
+                Ok(Subscription { conn, rx })
+            }
+            Opener::Cluster { seeds, .. } => {
+                let mut last = None;
+                for seed in seeds {
+                    match ssubscribe_following_moved(seed, &channel).await {
+                        Ok(sub) => return Ok(sub),
+                        Err(e) => last = Some(e),
+                    }
+                }
+                Err(err(last.unwrap_or_else(|| {
+                    redis::RedisError::from((redis::ErrorKind::ClientError, "no seed nodes"))
+                })))
+            }
+        }
     }
+}
+
+/// A RESP3 connection whose pushes arrive on the returned receiver.
+async fn resp3_connection(
+    mut info: ConnectionInfo,
+) -> redis::RedisResult<(
+    MultiplexedConnection,
+    mpsc::UnboundedReceiver<redis::PushInfo>,
+)> {
+    info.redis.protocol = ProtocolVersion::RESP3;
+    let client = Client::open(info)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let conn = client
+        .get_multiplexed_async_connection_with_config(
+            &connection_config(Some(RESPONSE_TIMEOUT)).set_push_sender(tx),
+        )
+        .await?;
+    Ok((conn, rx))
+}
+
+/// Subscribes to sharded `channel` on the node serving its slot: asks `seed`, and on a
+/// `MOVED` reply the node it names (a couple of hops at most, while a failover settles).
+async fn ssubscribe_following_moved(seed: &str, channel: &str) -> redis::RedisResult<Subscription> {
+    let mut info = seed.into_connection_info()?;
+    for _ in 0..3 {
+        let (mut conn, rx) = resp3_connection(info.clone()).await?;
+        match redis::cmd("SSUBSCRIBE")
+            .arg(channel)
+            .exec_async(&mut conn)
+            .await
+        {
+            Ok(()) => return Ok(Subscription { conn, rx }),
+            Err(e) => {
+                let target = e
+                    .redirect_node()
+                    .and_then(|(addr, _)| addr.rsplit_once(':'))
+                    .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
+                match target {
+                    Some((host, port)) => info.addr = ConnectionAddr::Tcp(host, port),
+                    None => return Err(e),
+                }
+            }
+        }
+    }
+    Err(redis::RedisError::from((
+        redis::ErrorKind::ClientError,
+        "SSUBSCRIBE redirected too many times",
+    )))
 }

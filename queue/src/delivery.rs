@@ -21,6 +21,9 @@ use crate::schema::{Job, JobError, MAX_ID_LEN};
 pub struct Delivery {
     /// The queue it came from.
     pub queue: String,
+    /// The partition of the queue it came from (0 on an unpartitioned queue): complete it on
+    /// that partition.
+    pub partition: usize,
     /// The stream entry id (`<ms>-<seq>`), used to acknowledge it.
     pub entry_id: String,
     /// The id the result is stored under: the job's `id`; for a malformed job, its `id` field
@@ -41,13 +44,32 @@ pub struct Delivery {
 
 impl Delivery {
     pub(crate) fn from_entry(
-        queue: &str,
+        keys: &crate::keys::Keys,
         entry: &RawEntry,
         deliveries: u64,
         max_bytes: usize,
     ) -> Delivery {
+        let jobs = entry
+            .fields
+            .iter()
+            .flatten()
+            .filter(|(k, _)| k == JOB_FIELD.as_bytes())
+            .count();
         let (payload, job) = match entry.field(JOB_FIELD) {
-            Some(p) => (p.to_vec(), parse_payload(p, max_bytes)),
+            // Which of several would run is a guess; none runs, and the dead letter says why.
+            Some(p) if jobs > 1 => (
+                p.to_vec(),
+                Err(JobError::Schema {
+                    path: "job".into(),
+                    message: format!(
+                        "stream entry has {jobs} `job` fields; an entry holds exactly one job"
+                    ),
+                }),
+            ),
+            Some(p) => (
+                p.to_vec(),
+                parse_payload(p, max_bytes).and_then(|j| check_for_queue(&j, keys).map(|()| j)),
+            ),
             None => {
                 let names: Vec<String> = entry
                     .fields
@@ -78,7 +100,8 @@ impl Delivery {
         }
         .unwrap_or_else(|| entry.id.clone());
         Delivery {
-            queue: queue.to_owned(),
+            queue: keys.queue().to_owned(),
+            partition: keys.partition_index(),
             entry_id: entry.id.clone(),
             id,
             payload,
@@ -94,6 +117,22 @@ impl Delivery {
             Ok(j) => j.batch.clone(),
             Err(JobError::TooLarge { .. }) => None,
             Err(_) => lenient_field(&self.payload, "batch"),
+        }
+    }
+
+    /// When the entry was added: the milliseconds of its stream entry id (an id a client chose
+    /// by hand with `XADD key <ms>-<seq>` gives that time).
+    pub fn enqueued_at_ms(&self) -> Option<u64> {
+        self.entry_id.split_once('-')?.0.parse().ok()
+    }
+
+    /// The status a dead letter of this delivery gets when nothing more is known: `invalid`
+    /// when the job did not parse, `error` otherwise.
+    pub fn dead_status(&self) -> crate::schema::Status {
+        if self.job.is_ok() {
+            crate::schema::Status::Error
+        } else {
+            crate::schema::Status::Invalid
         }
     }
 
@@ -122,6 +161,38 @@ pub fn parse_payload(payload: &[u8], max_bytes: usize) -> Result<Job, JobError> 
         )));
     }
     Job::parse(payload, max_bytes)
+}
+
+/// The rules that depend on the queue partition a job is on: its `reply_to` must be one of
+/// that partition's replies streams (`forkbox:{T}:replies:<name>`, `T` the partition's tag),
+/// in the partition's Cluster slot.
+pub(crate) fn check_for_queue(job: &Job, keys: &crate::keys::Keys) -> Result<(), JobError> {
+    if let Some(reply_to) = &job.reply_to {
+        let (tag, _) =
+            crate::keys::parse_reply_to(reply_to).map_err(|reason| JobError::Invalid {
+                field: "reply_to".into(),
+                reason,
+            })?;
+        if tag != keys.tag() {
+            let (queue, own) = (keys.queue(), keys.tag());
+            let which = if keys.partition_index() == 0 && own == queue {
+                format!("a job of queue {queue}")
+            } else {
+                format!(
+                    "a job of partition {} of queue {queue}",
+                    keys.partition_index()
+                )
+            };
+            return Err(JobError::Invalid {
+                field: "reply_to".into(),
+                reason: format!(
+                    "names a stream of {tag}; {which} may reply only to \
+                     forkbox:{{{own}}}:replies:<name>"
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn lenient_field(payload: &[u8], name: &str) -> Option<String> {
@@ -161,20 +232,13 @@ impl Queue {
         if count == 0 {
             return Ok(Vec::new());
         }
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(count);
-        if block_ms > 0 {
-            cmd.arg("BLOCK").arg(block_ms);
-        }
-        cmd.arg("STREAMS").arg(self.keys.jobs()).arg(">");
-        let reply = match self.run_read(&cmd, block_ms > 0).await {
+        let mut cmd = read_group(consumer, count, block_ms);
+        cmd.arg(self.keys.jobs()).arg(">");
+        let block = (block_ms > 0).then(|| std::time::Duration::from_millis(block_ms));
+        let reply = match self.run_read(&cmd, block).await {
             Err(e) if e.code() == Some("NOGROUP") => {
                 self.ensure_group().await?;
-                self.run_read(&cmd, block_ms > 0).await
+                self.run_read(&cmd, block).await
             }
             r => r,
         }
@@ -182,7 +246,7 @@ impl Queue {
         let fresh = reply::xread(&reply)
             .into_iter()
             .flat_map(|(_, entries)| entries)
-            .map(|e| Delivery::from_entry(self.name(), &e, 1, self.config.max_job_bytes))
+            .map(|e| Delivery::from_entry(&self.keys, &e, 1, self.config.max_job_bytes))
             .collect();
         self.skip_completed(fresh).await
     }
@@ -201,13 +265,15 @@ impl Queue {
         }
     }
 
+    /// Runs a read; `block`: the most it may block (a blocking command), `None` for one that
+    /// does not block.
     pub(crate) async fn run_read(
         &self,
         cmd: &redis::Cmd,
-        blocking: bool,
+        block: Option<std::time::Duration>,
     ) -> redis::RedisResult<Value> {
-        if blocking {
-            self.broker.query_blocking(cmd).await
+        if let Some(block) = block {
+            self.broker.query_blocking(cmd, block).await
         } else {
             cmd.query_async(&mut self.conn()).await
         }
@@ -230,13 +296,7 @@ impl Queue {
         // Both commands walk the consumer's pending list from the start, so they see the same
         // entries; one round trip gives the payloads and the delivery counts.
         let mut pipe = redis::pipe();
-        pipe.cmd("XREADGROUP")
-            .arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(count)
-            .arg("STREAMS")
+        pipe.add_command(read_group(consumer, count, 0))
             .arg(&jobs)
             .arg("0")
             .cmd("XPENDING")
@@ -267,7 +327,7 @@ impl Queue {
             }
             let n = counts.get(&entry.id).copied().unwrap_or(1);
             out.push(Delivery::from_entry(
-                self.name(),
+                &self.keys,
                 &entry,
                 n,
                 self.config.max_job_bytes,
@@ -341,4 +401,20 @@ impl Queue {
             .query_async(&mut self.conn())
             .await
     }
+}
+
+/// `XREADGROUP GROUP <group> <consumer> COUNT <count> [BLOCK <block_ms>] STREAMS`, for the
+/// caller to add its stream keys and ids to (`block_ms` 0: do not block).
+pub(crate) fn read_group(consumer: &str, count: usize, block_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("XREADGROUP");
+    cmd.arg("GROUP")
+        .arg(GROUP)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count);
+    if block_ms > 0 {
+        cmd.arg("BLOCK").arg(block_ms);
+    }
+    cmd.arg("STREAMS");
+    cmd
 }

@@ -70,6 +70,7 @@ impl Queue {
                 .get_or_insert_with(|| uuid::Uuid::now_v7().to_string())
                 .clone();
             job.validate().map_err(QueueError::InvalidJob)?;
+            crate::delivery::check_for_queue(&job, &self.keys).map_err(QueueError::InvalidJob)?;
             let payload = serde_json::to_string(&job).expect("a Job always serializes");
             if payload.len() > self.config.max_job_bytes {
                 return Err(QueueError::InvalidJob(crate::schema::JobError::TooLarge {

@@ -16,6 +16,17 @@ pub enum QueueError {
         #[source]
         source: redis::RedisError,
     },
+    #[error(
+        "connecting to the Redis Cluster through {seeds}: {source} (are the seeds nodes of a \
+         cluster with every slot served? a single server is used without --cluster)"
+    )]
+    ConnectCluster {
+        seeds: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("--redis {redis}: {reason}")]
+    BadEndpoint { redis: String, reason: &'static str },
     #[error(transparent)]
     Keys(#[from] KeyError),
     #[error("queues of one set must share one broker connection")]
@@ -53,6 +64,12 @@ pub enum QueueError {
     DeadLetter {
         queue: String,
         entry_id: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("handing entries back on queue {queue}: {source}")]
+    HandBack {
+        queue: String,
         #[source]
         source: redis::RedisError,
     },
@@ -119,6 +136,22 @@ pub enum QueueError {
         #[source]
         source: redis::RedisError,
     },
+    #[error("reading the layout of queue {queue} (forkbox:{{{queue}}}:meta): {source}")]
+    Layout {
+        queue: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error(
+        "queue {queue} has {live} partition(s) in Redis (forkbox:{{{queue}}}:meta), but \
+         {configured} were asked for (--partitions {configured}); use --partitions {live}, or \
+         drain and delete the queue to change it"
+    )]
+    PartitionsMismatch {
+        queue: String,
+        configured: usize,
+        live: String,
+    },
     #[error("unexpected reply to {command} on queue {queue}: {detail}")]
     UnexpectedReply {
         queue: String,
@@ -133,11 +166,13 @@ impl QueueError {
         use QueueError::*;
         match self {
             Connect { source, .. }
+            | ConnectCluster { source, .. }
             | EnsureGroup { source, .. }
             | Enqueue { source, .. }
             | Read { source, .. }
             | Complete { source, .. }
             | DeadLetter { source, .. }
+            | HandBack { source, .. }
             | Reclaim { source, .. }
             | RefreshClaims { source, .. }
             | Results { source, .. }
@@ -146,9 +181,12 @@ impl QueueError {
             | Stats { source, .. }
             | RemoveConsumers { source, .. }
             | Dlq { source, .. }
-            | Batch { source, .. } => Some(source),
+            | Batch { source, .. }
+            | Layout { source, .. } => Some(source),
             Keys(_)
+            | BadEndpoint { .. }
             | MixedBrokers
+            | PartitionsMismatch { .. }
             | InvalidJob(_)
             | IdMismatch { .. }
             | CorruptResult { .. }
@@ -166,6 +204,39 @@ impl QueueError {
                 || e.is_connection_refusal()
                 || e.is_timeout()
                 || e.code() == Some("LOADING")
+                || is_cluster_transient(e)
         })
     }
+
+    /// True when Redis answered and refused the data of this operation: a script or command
+    /// error on the values sent (an expire time out of range, a key of the wrong type, keys in
+    /// different Cluster slots). Repeating the same operation cannot succeed, so the node
+    /// gives up on the one job rather than retrying it for ever. Everything else that Redis
+    /// may get over (out of memory, loading, a failover, busy, no permission) is not a
+    /// refusal: the caller keeps the data and retries.
+    pub fn is_refused(&self) -> bool {
+        if self.is_connection() {
+            return false;
+        }
+        self.redis_error().is_some_and(|e| {
+            matches!(e.kind(), redis::ErrorKind::CrossSlot)
+                || matches!(e.code(), Some("ERR" | "WRONGTYPE" | "CROSSSLOT"))
+        })
+    }
+}
+
+/// Whether `e` says a cluster slot is briefly unserved or moving (a failover or resharding
+/// under way, and the cluster connection ran out of retries before it settled): retried like a
+/// lost connection.
+fn is_cluster_transient(e: &redis::RedisError) -> bool {
+    matches!(
+        e.kind(),
+        redis::ErrorKind::ClusterDown
+            | redis::ErrorKind::TryAgain
+            | redis::ErrorKind::MasterDown
+            | redis::ErrorKind::Moved
+            | redis::ErrorKind::Ask
+    ) || e
+        .code()
+        .is_some_and(|c| c == "CLUSTERDOWN" || c == "TRYAGAIN" || c == "MASTERDOWN")
 }

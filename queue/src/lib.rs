@@ -6,7 +6,7 @@
 //! stats and dead-letter handling. It holds no sandbox code, so clients and tools can depend on
 //! it without pulling in the engine. `docs/protocol.md` describes the same contract for clients
 //! in other languages. [`redis_server::RedisServer`] runs a private `redis-server` for tests and
-//! for `forkbox up`.
+//! for `forkbox up`; [`skip::skipped`] is how every test suite reports what it could not run.
 //!
 //! A worker's loop, in terms of this crate:
 //!
@@ -15,8 +15,11 @@
 //! 3. run each [`Delivery`] whose `job` is `Ok`; [`Queue::dead_letter`] the others;
 //! 4. [`Queue::complete_many`] the finished ones (one round trip);
 //! 5. in the background: [`Queue::refresh_claims`] and [`Queue::heartbeat`] every third of the
-//!    visibility timeout, [`Queue::reclaim`] every visibility timeout, and a
-//!    [`CancelWatcher`] feeding the local set of cancelled ids.
+//!    visibility timeout, [`Queue::reclaim`] every half visibility timeout (and again at
+//!    once while [`Reclaimed::more`] says idle entries remain), and a [`CancelWatcher`]
+//!    feeding the local set of cancelled ids;
+//! 6. when it can no longer run jobs (its sandbox is gone): stop reading and
+//!    [`Queue::hand_back`] what it holds, for the others to take at once.
 //!
 //! Round trips on the hot path: one blocking XREADGROUP per read, plus one pipelined EXISTS
 //! when it returned entries added by a raw XADD rather than the enqueue script (see
@@ -28,31 +31,47 @@
 mod admin;
 mod cancel;
 mod complete;
+pub mod contract;
 mod delivery;
 mod enqueue;
 mod error;
 pub mod keys;
+mod link;
+mod members;
 pub mod owner;
+mod partitioned;
 mod priority;
 mod queue;
 mod reclaim;
+pub mod redis_cluster;
 pub mod redis_server;
 mod reply;
 mod results;
 pub mod schema;
+pub mod skip;
 
-pub use admin::{BatchStatus, ConsumerStats, DeadLetter, DlqSelection, Stats};
-pub use cancel::{CancelEvent, CancelWatcher};
+pub use admin::{
+    glob_escape, live_workers, BatchStatus, ConsumerStats, DeadLetter, DlqSelection, Stats,
+};
+pub use cancel::{CancelEvent, CancelWatcher, SUBSCRIPTION_PING};
 pub use complete::Completion;
 pub use delivery::{parse_payload, Delivery};
 pub use enqueue::Enqueued;
 pub use error::QueueError;
 pub use keys::Keys;
+pub use link::{Link, CONNECT_TIMEOUT, RESPONSE_TIMEOUT};
+pub use partitioned::Partitioned;
 pub use priority::QueueSet;
-pub use queue::{Broker, Queue, QueueConfig};
-pub use reclaim::{Reclaimed, RECLAIM_PAGE};
+pub use queue::{
+    now_ms, Broker, Connection, Endpoint, Queue, QueueConfig, RoundTrips, DEFAULT_MAX_RESULT_BYTES,
+};
+pub use reclaim::{Reclaimed, HANDED_BACK_IDLE_MS, RECLAIM_PAGE};
+pub use redis_cluster::{RedisCluster, RedisClusterError};
 pub use redis_server::{RedisServer, RedisServerError, RedisServerOptions};
-pub use schema::{EffectiveLimits, FileData, Job, JobError, JobResult, Limits, Outcome, Status};
+pub use schema::{
+    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, Runtime,
+    RuntimeUse, Status,
+};
 
 /// Re-exported so users name the same redis-rs version as this crate.
 pub use redis;

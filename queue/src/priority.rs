@@ -1,42 +1,95 @@
-//! Reading several queues in priority order (`--queues high,default`).
+//! Reading several queues in priority order (`--queues high,default`), each over its
+//! partitions.
 //!
-//! [`QueueSet::read`] first reads each queue without blocking, highest priority first, until
-//! the free slots are filled; a lower queue is served only when every higher one is empty. When
-//! all are empty it blocks on all of them at once with a single XREADGROUP over several streams
-//! (COUNT split so the total never exceeds the free slots) and returns whatever arrives first.
-//! The single blocking call needs all queues on one Redis server (not Redis Cluster, where the
-//! queues' hash tags put them in different slots).
+//! A set is a list of priority levels, highest first; a level is one queue's partitions (one
+//! stream for an unpartitioned queue). [`QueueSet::read`] first reads each stream without
+//! blocking, level by level, until the free slots are filled; a lower level is served only when
+//! every higher one is empty. Within a level the partition read first turns with every read,
+//! so a busy partition cannot starve the others, and each partition is read in stream order.
+//! When all are empty it blocks on them at once (as many streams as there are free slots, in
+//! the same turning order) with a single XREADGROUP over several streams (COUNT split so the
+//! total never exceeds the free slots) and returns whatever arrives first. The single blocking
+//! call needs all streams on one Redis server. In a Redis Cluster the hash tags put them in
+//! different slots (a multi-key command must stay in one slot, even on one node), so there it
+//! blocks on each stream at once, on a dedicated connection per stream, takes the first to
+//! answer and drops the others; an entry a dropped read was handed in that instant stays
+//! pending for this consumer and comes back through [`crate::Queue::read_own_pending`] or the
+//! reclaimer.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::delivery::Delivery;
 use crate::error::QueueError;
-use crate::keys::GROUP;
+use crate::partitioned::Partitioned;
 use crate::queue::Queue;
 use crate::reply;
 
-/// Queues in priority order, highest first, all on one broker.
+/// Queues in priority order, highest first, each over its partitions, all on one broker.
 #[derive(Debug, Clone)]
 pub struct QueueSet {
+    /// Priority levels, highest first: one queue's partitions each.
+    levels: Vec<Vec<Queue>>,
+    /// Every partition of every level, in level order.
     queues: Vec<Queue>,
+    /// Turns the partition read first within a level.
+    turn: Arc<AtomicUsize>,
 }
 
 impl QueueSet {
-    /// `queues`, highest priority first. They must come from the same [`crate::Broker`].
+    /// `queues`, highest priority first, each unpartitioned. They must come from the same
+    /// [`crate::Broker`].
     pub fn new(queues: Vec<Queue>) -> Result<QueueSet, QueueError> {
+        QueueSet::levels(queues.into_iter().map(|q| vec![q]).collect())
+    }
+
+    /// `queues`, highest priority first, each read over all its partitions.
+    pub fn of_partitioned(queues: Vec<Partitioned>) -> Result<QueueSet, QueueError> {
+        QueueSet::levels(
+            queues
+                .into_iter()
+                .map(|q| q.partitions().to_vec())
+                .collect(),
+        )
+    }
+
+    fn levels(levels: Vec<Vec<Queue>>) -> Result<QueueSet, QueueError> {
+        let queues: Vec<Queue> = levels.iter().flatten().cloned().collect();
         if let Some(first) = queues.first() {
             if queues.iter().any(|q| !q.broker.same_as(&first.broker)) {
                 return Err(QueueError::MixedBrokers);
             }
         }
-        Ok(QueueSet { queues })
+        Ok(QueueSet {
+            levels,
+            queues,
+            turn: Arc::default(),
+        })
     }
 
+    /// Every partition of every queue, highest priority first.
     pub fn queues(&self) -> &[Queue] {
         &self.queues
     }
 
-    /// The queue a delivery came from, to complete it on.
-    pub fn get(&self, name: &str) -> Option<&Queue> {
-        self.queues.iter().find(|q| q.name() == name)
+    /// The queue partition a delivery came from, to complete it on.
+    pub fn get(&self, name: &str, partition: usize) -> Option<&Queue> {
+        self.queues
+            .iter()
+            .find(|q| q.name() == name && q.keys.partition_index() == partition)
+    }
+
+    /// Every stream in the order of this read: levels by priority, each level's partitions
+    /// starting at the turning offset.
+    fn read_order(&self) -> Vec<&Queue> {
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        self.levels
+            .iter()
+            .flat_map(|level| {
+                let start = turn % level.len().max(1);
+                level[start..].iter().chain(&level[..start])
+            })
+            .collect()
     }
 
     /// Creates every queue's group.
@@ -59,7 +112,8 @@ impl QueueSet {
         if self.queues.len() == 1 {
             return self.queues[0].read(consumer, count, block_ms).await;
         }
-        for q in &self.queues {
+        let order = self.read_order();
+        for q in &order {
             let left = count - out.len();
             if left == 0 {
                 return Ok(out);
@@ -71,17 +125,16 @@ impl QueueSet {
         }
         // Block on as many queues as the slots allow, highest first, COUNT split evenly so
         // the sum stays within `count`.
-        let watched = &self.queues[..self.queues.len().min(count)];
+        let watched: Vec<Queue> = order[..order.len().min(count)]
+            .iter()
+            .map(|q| (*q).clone())
+            .collect();
+        let watched = &watched[..];
         let per_queue = count / watched.len();
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
-            .arg(GROUP)
-            .arg(consumer)
-            .arg("COUNT")
-            .arg(per_queue)
-            .arg("BLOCK")
-            .arg(block_ms)
-            .arg("STREAMS");
+        if watched[0].broker.is_cluster() {
+            return read_each_blocking(watched, consumer, per_queue, block_ms).await;
+        }
+        let mut cmd = crate::delivery::read_group(consumer, per_queue, block_ms);
         for q in watched {
             cmd.arg(q.keys.jobs());
         }
@@ -90,7 +143,7 @@ impl QueueSet {
         }
         let first = &watched[0];
         let v = first
-            .run_read(&cmd, true)
+            .run_read(&cmd, Some(std::time::Duration::from_millis(block_ms)))
             .await
             .map_err(|e| first.read_err(e))?;
         let mut by_stream = reply::xread(&v);
@@ -102,10 +155,39 @@ impl QueueSet {
             };
             let fresh = entries
                 .iter()
-                .map(|e| Delivery::from_entry(q.name(), e, 1, q.config.max_job_bytes))
+                .map(|e| Delivery::from_entry(&q.keys, e, 1, q.config.max_job_bytes))
                 .collect();
             out.extend(q.skip_completed(fresh).await?);
         }
         Ok(out)
     }
+}
+
+/// The cluster form of the blocking step: one blocking read per queue, the first answer wins.
+async fn read_each_blocking(
+    watched: &[Queue],
+    consumer: &str,
+    per_queue: usize,
+    block_ms: u64,
+) -> Result<Vec<Delivery>, QueueError> {
+    let mut reads = tokio::task::JoinSet::new();
+    for (rank, q) in watched.iter().enumerate() {
+        let (q, consumer) = (q.clone(), consumer.to_owned());
+        reads.spawn(async move { (rank, q.read(&consumer, per_queue, block_ms).await) });
+    }
+    let mut got = Vec::new();
+    if let Some(first) = reads.join_next().await {
+        got.push(first.expect("a read task does not panic"));
+    }
+    // Reads that finished meanwhile are kept: their entries were handed out.
+    while let Some(done) = reads.try_join_next() {
+        got.push(done.expect("a read task does not panic"));
+    }
+    reads.abort_all();
+    got.sort_by_key(|(rank, _)| *rank);
+    let mut out = Vec::new();
+    for (_, r) in got {
+        out.extend(r?);
+    }
+    Ok(out)
 }

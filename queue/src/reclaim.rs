@@ -15,6 +15,7 @@ use crate::error::QueueError;
 use crate::keys::GROUP;
 use crate::queue::{Queue, SCRIPTS};
 use crate::reply;
+use crate::schema::Status;
 use crate::Delivery;
 
 /// Entries asked for per XAUTOCLAIM call; the cursor loop continues past it.
@@ -32,7 +33,13 @@ pub struct Reclaimed {
     /// Pending entries whose stream entry had been deleted; Redis dropped them from the
     /// pending list (Redis 7 reports their ids; 6.2 does not, and they are not counted).
     pub deleted: Vec<String>,
+    /// The scan stopped at `limit` before the end of the pending list: more idle entries may
+    /// be waiting, so reclaim again as soon as slots are free rather than a period later.
+    pub more: bool,
 }
+
+/// How idle [`Queue::hand_back`] makes an entry look: past any visibility timeout.
+pub const HANDED_BACK_IDLE_MS: u64 = 86_400_000;
 
 impl Queue {
     /// Claims for `consumer` the entries idle for at least `min_idle_ms` (normally the
@@ -60,6 +67,7 @@ impl Queue {
         loop {
             let page = (limit - out.deliveries.len()).min(RECLAIM_PAGE);
             if page == 0 {
+                out.more = true;
                 break;
             }
             let r: redis::RedisResult<Value> = redis::cmd("XAUTOCLAIM")
@@ -107,7 +115,7 @@ impl Queue {
                         .arg(1);
                 }
                 for e in &entries {
-                    let d = Delivery::from_entry(self.name(), e, 1, self.config.max_job_bytes);
+                    let d = Delivery::from_entry(&self.keys, e, 1, self.config.max_job_bytes);
                     pipe.exists(self.keys.result(&d.id));
                     deliveries.push(d);
                 }
@@ -144,12 +152,53 @@ impl Queue {
         out.duplicates = duplicates.len();
         self.ack_and_delete(&duplicates).await.map_err(err)?;
         if !exhausted.is_empty() {
-            let letters: Vec<(&Delivery, &str)> =
-                exhausted.iter().map(|(d, r)| (d, r.as_str())).collect();
-            self.dead_letter_many(&letters, consumer).await?;
+            let letters: Vec<(&Delivery, Status, &str)> = exhausted
+                .iter()
+                .map(|(d, r)| (d, Status::Error, r.as_str()))
+                .collect();
+            match self.dead_letter_as(&letters, consumer).await {
+                Ok(_) => {}
+                // One letter Redis refuses must not keep the others (and every later pass)
+                // from being dead-lettered.
+                Err(e) if e.is_refused() => {
+                    for r in self.dead_letter_each(&letters, consumer).await {
+                        r?;
+                    }
+                }
+                Err(e) => return Err(e),
+            }
             out.dead_lettered = exhausted.into_iter().map(|(d, _)| d.entry_id).collect();
         }
         Ok(out)
+    }
+
+    /// Hands `consumer`'s entries back for any worker to take now: each `(entry id, delivery
+    /// count)` still owned by `consumer` is made to look idle for [`HANDED_BACK_IDLE_MS`]
+    /// (past any visibility timeout, so the next [`Queue::reclaim`] anywhere takes it) and its
+    /// delivery count is set one lower, so that the reclaim's count is the attempt this
+    /// worker was given: a worker that cannot run jobs charges none to them. Entries owned by
+    /// another consumer or acknowledged meanwhile are left alone. One round trip; returns how
+    /// many were handed back.
+    pub async fn hand_back(
+        &self,
+        consumer: &str,
+        entries: &[(&str, u64)],
+    ) -> Result<u64, QueueError> {
+        if entries.is_empty() {
+            return Ok(0);
+        }
+        let idle = HANDED_BACK_IDLE_MS.max(self.config.visibility_timeout_ms.saturating_mul(2));
+        let mut inv = SCRIPTS.hand_back.key(self.keys.jobs());
+        inv.arg(GROUP).arg(consumer).arg(idle);
+        for (entry_id, deliveries) in entries {
+            inv.arg(*entry_id).arg(deliveries.saturating_sub(1));
+        }
+        inv.invoke_async(&mut self.conn())
+            .await
+            .map_err(|source| QueueError::HandBack {
+                queue: self.name().to_owned(),
+                source,
+            })
     }
 
     /// Resets the idle time of `consumer`'s running entries (XCLAIM `0` JUSTID: no delivery

@@ -73,6 +73,12 @@ pub struct RedisServerOptions {
     /// named after this process too ([`crate::owner`]), and those such owners that are gone
     /// left behind (their `Drop` never ran) are removed first.
     pub die_with_parent: bool,
+    /// Listen on this port instead of a free one (a port that is taken is then an error).
+    pub port: Option<u16>,
+    /// Run as a Redis Cluster node (`cluster-enabled yes`, its cluster bus on a second free
+    /// port) with this node timeout in milliseconds: how long a silent peer takes to be marked
+    /// failed, and so most of a failover's duration. See [`crate::RedisCluster`].
+    pub cluster_node_timeout_ms: Option<u64>,
 }
 
 impl Default for RedisServerOptions {
@@ -87,6 +93,8 @@ impl Default for RedisServerOptions {
             extra_bind: Vec::new(),
             temp_prefix: "forkbox-redis-".into(),
             die_with_parent: false,
+            port: None,
+            cluster_node_timeout_ms: None,
         }
     }
 }
@@ -96,6 +104,8 @@ impl Default for RedisServerOptions {
 pub struct RedisServer {
     options: RedisServerOptions,
     port: u16,
+    /// The cluster bus port of a cluster node.
+    bus_port: Option<u16>,
     dir: PathBuf,
     child: Option<Child>,
     // Held for its Drop, which removes the directory; declared after `child` is irrelevant
@@ -117,7 +127,7 @@ impl RedisServer {
         })
     }
 
-    /// Starts a server on a free port.
+    /// Starts a server on a free port, or on `options.port`.
     pub fn start_with(options: RedisServerOptions) -> Result<RedisServer, RedisServerError> {
         let (dir, temp) = match &options.dir {
             Some(d) => {
@@ -143,11 +153,24 @@ impl RedisServer {
             }
         };
         let mut last_err = None;
-        for _ in 0..PORT_ATTEMPTS {
-            let port = free_port()?;
+        let attempts = if options.port.is_some() {
+            1
+        } else {
+            PORT_ATTEMPTS
+        };
+        for _ in 0..attempts {
+            let port = match options.port {
+                Some(p) => p,
+                None => free_port()?,
+            };
+            let bus_port = match options.cluster_node_timeout_ms {
+                Some(_) => Some(free_port_besides(port)?),
+                None => None,
+            };
             let mut server = RedisServer {
                 options: options.clone(),
                 port,
+                bus_port,
                 dir: dir.clone(),
                 child: None,
                 _temp: None,
@@ -177,13 +200,6 @@ impl RedisServer {
         format!("redis://{}/", std::net::SocketAddr::new(addr, self.port))
     }
 
-    /// `redis+unix://<dir>/redis.sock`, when started with `unix_socket`.
-    pub fn unix_url(&self) -> Option<String> {
-        self.options
-            .unix_socket
-            .then(|| format!("redis+unix://{}", self.socket_path().display()))
-    }
-
     pub fn port(&self) -> u16 {
         self.port
     }
@@ -196,14 +212,6 @@ impl RedisServer {
     /// The process id while running.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
-    }
-
-    /// Whether the process is alive.
-    pub fn is_running(&mut self) -> bool {
-        match &mut self.child {
-            Some(c) => matches!(c.try_wait(), Ok(None)),
-            None => false,
-        }
     }
 
     /// Kills the server with SIGKILL (a crash: nothing is flushed beyond what the AOF holds).
@@ -265,6 +273,14 @@ impl RedisServer {
         } else {
             cmd.args(["--appendonly", "no"]);
         }
+        if let (Some(timeout), Some(bus)) = (self.options.cluster_node_timeout_ms, self.bus_port) {
+            cmd.args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", "nodes.conf"])
+                .arg("--cluster-port")
+                .arg(bus.to_string())
+                .arg("--cluster-node-timeout")
+                .arg(timeout.to_string());
+        }
         if self.options.unix_socket {
             cmd.arg("--unixsocket")
                 .arg(self.socket_path())
@@ -325,6 +341,16 @@ fn free_port() -> Result<u16, RedisServerError> {
             .map_err(RedisServerError::FreePort)?
             .port();
         if port != 6379 {
+            return Ok(port);
+        }
+    }
+}
+
+/// A free port other than `taken` (a cluster node's bus port beside its client port).
+fn free_port_besides(taken: u16) -> Result<u16, RedisServerError> {
+    loop {
+        let port = free_port()?;
+        if port != taken {
             return Ok(port);
         }
     }

@@ -71,7 +71,7 @@ impl Queue {
                 c
             };
             let woke = self
-                .run_read(&cmd, true)
+                .run_read(&cmd, Some(Duration::from_secs_f64(block)))
                 .await
                 .map_err(|e| self.results_err(e))?;
             if woke != redis::Value::Nil {

@@ -20,6 +20,27 @@ pub const MAX_TIMEOUT_MS: u64 = 86_400_000;
 pub const DEFAULT_MAX_JOB_BYTES: usize = 10 * 1024 * 1024;
 /// Longest accepted job id.
 pub const MAX_ID_LEN: usize = 128;
+/// Longest accepted batch name.
+pub const MAX_BATCH_LEN: usize = 128;
+/// Upper bound on `result_ttl_s` (one year): Redis refuses an expire time past its range, and
+/// a node's own maximum ([`JobCeilings::result_ttl_s`]) is normally far lower.
+pub const MAX_RESULT_TTL_S: u64 = 365 * 86_400;
+/// Upper bound on `max_attempts`; a node's own maximum is normally far lower.
+pub const MAX_ATTEMPTS: u32 = 1000;
+/// The kernel's limit on one argument or environment string at exec, its NUL included
+/// (`MAX_ARG_STRLEN`, 32 pages): a longer one fails exec with E2BIG.
+pub const MAX_ARG_STRLEN: usize = 128 * 1024;
+/// Upper bound on what the program's argv and environment take at exec (strings, their NULs
+/// and one pointer each). The kernel allows a quarter of the stack rlimit (2 MiB under the
+/// usual 8 MiB, at least 128 KiB, at most 6 MiB); the engine also checks the bound of its own
+/// stack rlimit.
+pub const MAX_EXEC_ARGS_BYTES: usize = 1024 * 1024;
+/// Most bytes the `collect` patterns may take together, encoded as JSON: they travel to the
+/// sandbox's init in one control message of at most 64 KiB, beside the job's other settings.
+pub const MAX_COLLECT_JSON_BYTES: usize = 16 * 1024;
+/// What the environment the engine adds (`PATH`, `HOME`, `LANG`) may take at exec, reserved
+/// out of [`MAX_EXEC_ARGS_BYTES`].
+const EXEC_ENV_RESERVE: usize = 4096;
 
 /// One execution job (v1).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -66,6 +87,53 @@ pub struct Job {
     /// An extra stream the result is also appended to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reply_to: Option<String>,
+    /// Run the program in the node's warm runtime (an interpreter initialised before the
+    /// sandbox existed); absent runs it as any other program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<Runtime>,
+}
+
+/// A warm runtime a job may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Runtime {
+    /// The program is a `python3 ...` command line, run by a pre-initialised CPython.
+    Python,
+}
+
+impl Runtime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Runtime::Python => "python",
+        }
+    }
+}
+
+impl fmt::Display for Runtime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Runtime {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Runtime, String> {
+        match s {
+            "python" => Ok(Runtime::Python),
+            other => Err(format!("unknown runtime {other:?} (known: python)")),
+        }
+    }
+}
+
+/// How a job that asked for a runtime was run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeUse {
+    pub name: Runtime,
+    /// Whether the program ran in the warm interpreter (else it was exec'd as usual).
+    pub warm: bool,
+    /// Why it ran cold, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Per-job resource limits; `None` takes the node's default.
@@ -114,6 +182,111 @@ impl Default for EffectiveLimits {
     }
 }
 
+/// A node's maximums for what a job may ask: a job asking for more is `invalid`, and the
+/// node's defaults must lie within them. Set per node (`--max-disk-mb`, ...), so operators
+/// decide what one job may take of the host; the schema's own ranges only keep values within
+/// what the kernel and Redis accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCeilings {
+    pub timeout_ms: u64,
+    /// Largest value of each of the job's `limits`.
+    pub limits: EffectiveLimits,
+    pub max_attempts: u32,
+    pub result_ttl_s: u64,
+}
+
+impl Default for JobCeilings {
+    fn default() -> Self {
+        JobCeilings {
+            timeout_ms: 3_600_000,
+            limits: EffectiveLimits {
+                memory_mb: 4096,
+                pids: 1024,
+                // The default: CPU time is bounded by the wall clock unless a job says less.
+                cpu_ms: MAX_TIMEOUT_MS,
+                output_bytes: 16 * 1024 * 1024,
+                disk_mb: 1024,
+                file_size_mb: 1024,
+                open_files: 4096,
+            },
+            max_attempts: 10,
+            result_ttl_s: 7 * 86_400,
+        }
+    }
+}
+
+impl JobCeilings {
+    fn limit_fields(&self) -> [(&'static str, u64); 7] {
+        let l = &self.limits;
+        [
+            ("memory_mb", l.memory_mb),
+            ("pids", l.pids),
+            ("cpu_ms", l.cpu_ms),
+            ("output_bytes", l.output_bytes),
+            ("disk_mb", l.disk_mb),
+            ("file_size_mb", l.file_size_mb),
+            ("open_files", l.open_files),
+        ]
+    }
+
+    /// Refuses a job that asks for more than these maximums, naming the field and the maximum.
+    /// Values the job leaves out take the node's defaults, which
+    /// [`JobCeilings::clamp_defaults`] keeps within the maximums.
+    pub fn check(&self, job: &Job) -> Result<(), JobError> {
+        let over = |field: String, got: u64, max: u64| {
+            invalid(field, format!("{got} is over this node's maximum of {max}"))
+        };
+        if let Some(t) = job.timeout_ms {
+            if t > self.timeout_ms {
+                return Err(over("timeout_ms".into(), t, self.timeout_ms));
+            }
+        }
+        for ((name, asked, _, _), (_, max)) in job.limits.fields().iter().zip(self.limit_fields()) {
+            if let Some(v) = *asked {
+                if v > max {
+                    return Err(over(format!("limits.{name}"), v, max));
+                }
+            }
+        }
+        if let Some(a) = job.max_attempts {
+            if a > self.max_attempts {
+                return Err(over(
+                    "max_attempts".into(),
+                    u64::from(a),
+                    u64::from(self.max_attempts),
+                ));
+            }
+        }
+        if let Some(t) = job.result_ttl_s {
+            if t > self.result_ttl_s {
+                return Err(over("result_ttl_s".into(), t, self.result_ttl_s));
+            }
+        }
+        Ok(())
+    }
+
+    /// `defaults` (what a job that sets nothing gets) lowered to the maximums where they are
+    /// above, so a node whose maximum is below a built-in default serves with the maximum.
+    pub fn clamp_defaults(&self, defaults: &EffectiveLimits) -> EffectiveLimits {
+        let (d, c) = (defaults, &self.limits);
+        EffectiveLimits {
+            memory_mb: d.memory_mb.min(c.memory_mb),
+            pids: d.pids.min(c.pids),
+            cpu_ms: d.cpu_ms.min(c.cpu_ms),
+            output_bytes: d.output_bytes.min(c.output_bytes),
+            disk_mb: d.disk_mb.min(c.disk_mb),
+            file_size_mb: d.file_size_mb.min(c.file_size_mb),
+            open_files: d.open_files.min(c.open_files),
+        }
+    }
+
+    /// The wall-clock limit `job` runs with: its own, else the default lowered to the maximum.
+    pub fn timeout_ms(&self, job: &Job) -> u64 {
+        job.timeout_ms
+            .unwrap_or_else(|| DEFAULT_TIMEOUT_MS.min(self.timeout_ms))
+    }
+}
+
 impl Limits {
     pub fn is_empty(&self) -> bool {
         *self == Limits::default()
@@ -130,6 +303,15 @@ impl Limits {
             file_size_mb: self.file_size_mb.unwrap_or(defaults.file_size_mb),
             open_files: self.open_files.unwrap_or(defaults.open_files),
         }
+    }
+
+    /// Every limit's name with its accepted range (inclusive).
+    pub fn ranges() -> Vec<(&'static str, u64, u64)> {
+        Limits::default()
+            .fields()
+            .iter()
+            .map(|&(name, _, min, max)| (name, min, max))
+            .collect()
     }
 
     fn fields(&self) -> [(&'static str, Option<u64>, u64, u64); 7] {
@@ -337,6 +519,7 @@ impl Job {
                 if cmd.trim().is_empty() {
                     return Err(invalid("cmd", "is empty"));
                 }
+                exec_string("cmd", cmd.len())?;
             }
             (None, Some(argv)) => {
                 match argv.first() {
@@ -346,6 +529,7 @@ impl Job {
                 }
                 for (i, a) in argv.iter().enumerate() {
                     no_nul(&format!("argv[{i}]"), a)?;
+                    exec_string(&format!("argv[{i}]"), a.len())?;
                 }
             }
         }
@@ -357,6 +541,17 @@ impl Job {
                 ));
             }
             no_nul(&format!("env.{k}"), v)?;
+            exec_string(&format!("env.{k}"), k.len() + 1 + v.len())?;
+        }
+        let exec = self.exec_bytes() + EXEC_ENV_RESERVE;
+        if exec > MAX_EXEC_ARGS_BYTES {
+            return Err(invalid(
+                if self.argv.is_some() { "argv" } else { "cmd" },
+                format!(
+                    "the command and env take {exec} bytes at exec, over the limit of \
+                     {MAX_EXEC_ARGS_BYTES} bytes"
+                ),
+            ));
         }
         if let Some(stdin) = &self.stdin {
             stdin
@@ -395,8 +590,41 @@ impl Job {
                 dir = parent;
             }
         }
+        let collect_bytes = serde_json::to_vec(&self.collect).map_or(usize::MAX, |v| v.len());
+        if collect_bytes > MAX_COLLECT_JSON_BYTES {
+            return Err(invalid(
+                "collect",
+                format!(
+                    "the patterns take {collect_bytes} bytes as JSON, over the limit of \
+                     {MAX_COLLECT_JSON_BYTES}"
+                ),
+            ));
+        }
         for (i, pattern) in self.collect.iter().enumerate() {
-            check_relative(&format!("collect[{i}]"), pattern)?;
+            let field = format!("collect[{i}]");
+            check_relative(&field, pattern)?;
+            // As the collector reads it: one wildcard per path component, `**` on its own.
+            for part in pattern.split('/') {
+                if part != "**" && part.contains(['*', '?', '[']) {
+                    glob::Pattern::new(part).map_err(|e| {
+                        invalid(&field, format!("invalid glob pattern {part:?}: {e}"))
+                    })?;
+                }
+            }
+        }
+        if let Some(batch) = &self.batch {
+            if batch.is_empty() || batch.len() > MAX_BATCH_LEN {
+                return Err(invalid(
+                    "batch",
+                    format!("must be 1 to {MAX_BATCH_LEN} bytes"),
+                ));
+            }
+            if batch.chars().any(char::is_control) {
+                return Err(invalid("batch", "must not contain control characters"));
+            }
+        }
+        if let Some(reply_to) = &self.reply_to {
+            crate::keys::parse_reply_to(reply_to).map_err(|m| invalid("reply_to", m))?;
         }
         if let Some(cwd) = &self.cwd {
             no_nul("cwd", cwd)?;
@@ -422,13 +650,40 @@ impl Job {
                 }
             }
         }
-        if self.max_attempts == Some(0) {
-            return Err(invalid("max_attempts", "must be at least 1"));
+        if let Some(a) = self.max_attempts {
+            if a == 0 || a > MAX_ATTEMPTS {
+                return Err(invalid(
+                    "max_attempts",
+                    format!("must be between 1 and {MAX_ATTEMPTS}, got {a}"),
+                ));
+            }
         }
-        if self.result_ttl_s == Some(0) {
-            return Err(invalid("result_ttl_s", "must be at least 1"));
+        if let Some(t) = self.result_ttl_s {
+            if t == 0 || t > MAX_RESULT_TTL_S {
+                return Err(invalid(
+                    "result_ttl_s",
+                    format!("must be between 1 and {MAX_RESULT_TTL_S}, got {t}"),
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// What the program's argv and the job's `env` take at exec: each string with its NUL and
+    /// one pointer (the engine's own `PATH`, `HOME`, `LANG` come on top).
+    pub fn exec_bytes(&self) -> usize {
+        let ptr = std::mem::size_of::<usize>();
+        let args: usize = match (&self.argv, &self.cmd) {
+            (Some(argv), _) => argv.iter().map(|a| a.len() + 1 + ptr).sum(),
+            (None, Some(cmd)) => "/bin/sh".len() + "-c".len() + cmd.len() + 3 * (1 + ptr),
+            (None, None) => 0,
+        };
+        let env: usize = self
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2 + ptr)
+            .sum();
+        args + env
     }
 
     /// The program and arguments to exec: `argv`, or `/bin/sh -c CMD`.
@@ -443,6 +698,21 @@ impl Job {
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
     }
+}
+
+/// One argument or environment string of `len` bytes must fit the kernel's `MAX_ARG_STRLEN`.
+fn exec_string(field: &str, len: usize) -> Result<(), JobError> {
+    if len + 1 > MAX_ARG_STRLEN {
+        return Err(invalid(
+            field,
+            format!(
+                "is {len} bytes; the kernel takes at most {} bytes per argument or \
+                 environment string (MAX_ARG_STRLEN)",
+                MAX_ARG_STRLEN - 1
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn no_nul(field: &str, s: &str) -> Result<(), JobError> {
@@ -567,12 +837,19 @@ pub struct Outcome {
     /// Files matched by `collect`.
     #[serde(default)]
     pub files: BTreeMap<String, FileData>,
+    /// Paths in `files` whose content was cut short by the node's collect cap (absent when
+    /// none was).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files_truncated: Vec<String>,
     /// How late the watchdog's kill came after the deadline (timeouts only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog_overshoot_us: Option<i64>,
     /// Which isolation step failed and why, or why the job was rejected.
     #[serde(default)]
     pub error: Option<String>,
+    /// For a job that asked for a runtime: whether it ran warm, and if not why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeUse>,
 }
 
 impl Outcome {
@@ -592,8 +869,10 @@ impl Outcome {
             cpu_ms: 0,
             max_rss_kb: 0,
             files: BTreeMap::new(),
+            files_truncated: Vec::new(),
             watchdog_overshoot_us: None,
             error: Some(error.into()),
+            runtime: None,
         }
     }
 }
@@ -611,6 +890,91 @@ pub struct JobResult {
     /// The batch the job belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub batch: Option<String>,
+    /// When the job was put on the stream (ms since the Unix epoch, from its entry id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enqueued_at_ms: Option<u64>,
+    /// When the worker handed the job to a sandbox (absent for a job that never started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+    /// When the worker had the job's outcome.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
+}
+
+impl JobResult {
+    /// A result without timestamps; set them with the `*_at_ms` fields.
+    pub fn new(id: String, outcome: Outcome, attempt: u32, worker: String) -> JobResult {
+        JobResult {
+            id,
+            outcome,
+            attempt,
+            worker,
+            batch: None,
+            enqueued_at_ms: None,
+            started_at_ms: None,
+            finished_at_ms: None,
+        }
+    }
+
+    /// Time from enqueue to start, when both are known.
+    pub fn queue_wait_ms(&self) -> Option<u64> {
+        Some(self.started_at_ms?.saturating_sub(self.enqueued_at_ms?))
+    }
+}
+
+impl JobResult {
+    /// The result JSON, cut to at most `max_bytes` (a node's result-size maximum, below what
+    /// Redis accepts in one value): standard output and error are shortened from the end,
+    /// longest first, with their `*_truncated` flag set; when they are empty and it is still
+    /// too long, the collected files are dropped and `error` says so. Nothing else changes.
+    pub fn to_json_within(&self, max_bytes: usize) -> String {
+        let json = serde_json::to_string(self).expect("a result always serializes");
+        if json.len() <= max_bytes {
+            return json;
+        }
+        let mut r = self.clone();
+        let mut json = json;
+        // Each pass takes off at least the excess (a byte of text is at least a byte of JSON).
+        while json.len() > max_bytes {
+            let over = json.len() - max_bytes;
+            let o = &mut r.outcome;
+            if !o.stdout.is_empty() || !o.stderr.is_empty() {
+                let (text, flag) = if o.stdout.len() >= o.stderr.len() {
+                    (&mut o.stdout, &mut o.stdout_truncated)
+                } else {
+                    (&mut o.stderr, &mut o.stderr_truncated)
+                };
+                truncate_chars(text, text.len().saturating_sub(over));
+                *flag = true;
+            } else if !o.files.is_empty() {
+                let note = format!(
+                    "the result was over {max_bytes} bytes: {} collected file(s) dropped",
+                    o.files.len()
+                );
+                o.files.clear();
+                o.files_truncated.clear();
+                o.error = Some(match o.error.take() {
+                    Some(e) => format!("{e}; {note}"),
+                    None => note,
+                });
+            } else if let Some(e) = o.error.as_mut().filter(|e| !e.is_empty()) {
+                truncate_chars(e, e.len().saturating_sub(over));
+            } else {
+                break;
+            }
+            json = serde_json::to_string(&r).expect("a result always serializes");
+        }
+        json
+    }
+}
+
+/// Cuts `s` to at most `len` bytes, at a character boundary.
+fn truncate_chars(s: &mut String, len: usize) {
+    let mut at = len.min(s.len());
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    s.truncate(at);
 }
 
 #[cfg(test)]
@@ -637,7 +1001,8 @@ mod tests {
         let text = r#"{"id":"j-1","argv":["python3","main.py"],"stdin":{"b64":"AAE="},
             "env":{"A":"1"},"files":{"main.py":"print(1)","d/x.bin":{"b64":"/w=="}},
             "cwd":"sub","timeout_ms":500,"limits":{"memory_mb":256,"pids":16},
-            "collect":["out/*.txt"],"batch":"b1","result_ttl_s":60,"max_attempts":2,"reply_to":"r"}"#;
+            "collect":["out/*.txt"],"batch":"b1","result_ttl_s":60,"max_attempts":2,
+            "reply_to":"forkbox:{q}:replies:r"}"#;
         let job = parse(text).unwrap();
         assert_eq!(
             job.stdin.as_ref().unwrap().to_bytes().unwrap(),
@@ -763,19 +1128,236 @@ mod tests {
 
     #[test]
     fn result_json_is_flat() {
-        let r = JobResult {
-            id: "x".into(),
-            outcome: Outcome::not_run(Status::Invalid, "bad"),
-            attempt: 1,
-            worker: "w".into(),
-            batch: None,
-        };
+        let r = JobResult::new(
+            "x".into(),
+            Outcome::not_run(Status::Invalid, "bad"),
+            1,
+            "w".into(),
+        );
         let v: serde_json::Value = serde_json::to_value(&r).unwrap();
         assert_eq!(v["status"], "invalid");
         assert_eq!(v["exit_code"], 125);
         assert_eq!(v["id"], "x");
+        assert!(
+            v.get("started_at_ms").is_none(),
+            "unknown times are left out"
+        );
         let back: JobResult = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
+    }
+
+    #[test]
+    fn result_times_round_trip_and_older_results_still_parse() {
+        let r = JobResult {
+            enqueued_at_ms: Some(1_000),
+            started_at_ms: Some(1_250),
+            finished_at_ms: Some(1_300),
+            ..JobResult::new("x".into(), Outcome::not_run(Status::Ok, "-"), 1, "w".into())
+        };
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["enqueued_at_ms"], 1_000);
+        assert_eq!(v["started_at_ms"], 1_250);
+        assert_eq!(v["finished_at_ms"], 1_300);
+        assert_eq!(r.queue_wait_ms(), Some(250));
+        let mut old = v.clone();
+        for k in ["enqueued_at_ms", "started_at_ms", "finished_at_ms"] {
+            old.as_object_mut().unwrap().remove(k);
+        }
+        let back: JobResult = serde_json::from_value(old).unwrap();
+        assert_eq!(back.started_at_ms, None);
+        assert_eq!(back.queue_wait_ms(), None);
+    }
+
+    #[test]
+    fn values_that_reach_redis_are_range_checked() {
+        for (job, field) in [
+            (
+                r#"{"cmd":"x","result_ttl_s":9999999999999999}"#,
+                "result_ttl_s:",
+            ),
+            (r#"{"cmd":"x","result_ttl_s":31536001}"#, "result_ttl_s:"),
+            (r#"{"cmd":"x","result_ttl_s":0}"#, "result_ttl_s:"),
+            (r#"{"cmd":"x","max_attempts":1001}"#, "max_attempts:"),
+            (r#"{"cmd":"x","max_attempts":0}"#, "max_attempts:"),
+            (r#"{"cmd":"x","batch":""}"#, "batch:"),
+            (r#"{"cmd":"x","batch":"a\u0007b"}"#, "batch:"),
+            (r#"{"cmd":"x","reply_to":""}"#, "reply_to:"),
+            (
+                r#"{"cmd":"x","reply_to":"forkbox:{q}:results"}"#,
+                "reply_to:",
+            ),
+            (
+                r#"{"cmd":"x","reply_to":"forkbox:{q}:result:other"}"#,
+                "reply_to:",
+            ),
+            (
+                r#"{"cmd":"x","reply_to":"forkbox:{q}:done:other"}"#,
+                "reply_to:",
+            ),
+            (r#"{"cmd":"x","reply_to":"forkbox:{q}:jobs"}"#, "reply_to:"),
+            (r#"{"cmd":"x","reply_to":"elsewhere"}"#, "reply_to:"),
+        ] {
+            let e = err(job);
+            assert!(e.starts_with(field), "{job}: {e}");
+        }
+        let b = "b".repeat(MAX_BATCH_LEN + 1);
+        assert!(err(&format!(r#"{{"cmd":"x","batch":"{b}"}}"#)).starts_with("batch:"));
+        parse(r#"{"cmd":"x","result_ttl_s":31536000,"max_attempts":1000,"batch":"run 1"}"#)
+            .unwrap();
+    }
+
+    #[test]
+    fn commands_the_kernel_would_refuse_are_invalid() {
+        let long = "x".repeat(MAX_ARG_STRLEN);
+        let e = Job::shell(long.clone()).validate().unwrap_err().to_string();
+        assert!(
+            e.starts_with("cmd: is 131072 bytes") && e.contains("MAX_ARG_STRLEN"),
+            "{e}"
+        );
+        let e = Job::argv(["echo", &long])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("argv[1]:"), "{e}");
+        let e = Job {
+            env: [("K".to_owned(), long.clone())].into(),
+            ..Job::shell("true")
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("env.K:"), "{e}");
+        // Each string fits, together they do not.
+        let piece = "y".repeat(100_000);
+        let many: Vec<&str> = std::iter::once("echo")
+            .chain(std::iter::repeat_n(piece.as_str(), 11))
+            .collect();
+        let e = Job::argv(many).validate().unwrap_err().to_string();
+        assert!(e.starts_with("argv: the command and env take"), "{e}");
+        Job::argv(["echo", &"z".repeat(MAX_ARG_STRLEN - 1)])
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn collect_patterns_over_the_size_limit_are_invalid() {
+        // One long valid glob, and many short ones: either way past what the sandbox's init
+        // can be handed, which made every delivery a sandbox failure.
+        let long = format!("[{}]", "a".repeat(100_000));
+        let many: Vec<String> = (0..5000).map(|i| format!("dir{i}/*.txt")).collect();
+        for collect in [vec![long], many] {
+            let e = Job {
+                collect,
+                ..Job::shell("true")
+            }
+            .validate()
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("collect: the patterns take"), "{e}");
+        }
+        // Escapes count as JSON encodes them: 4000 control characters are 24000 bytes.
+        let escaped = Job {
+            collect: vec!["\u{1}".repeat(4000)],
+            ..Job::shell("true")
+        };
+        assert!(escaped
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .starts_with("collect:"));
+        let fits = Job {
+            collect: (0..200).map(|i| format!("out{i}/**/*.json")).collect(),
+            ..Job::shell("true")
+        };
+        fits.validate().unwrap();
+    }
+
+    #[test]
+    fn bad_collect_patterns_are_invalid() {
+        for bad in ["[", "a/[", "**x", "a[b", "[a/b]"] {
+            let e = Job {
+                collect: vec!["ok/*".into(), bad.into()],
+                ..Job::shell("true")
+            }
+            .validate()
+            .unwrap_err()
+            .to_string();
+            assert!(e.starts_with("collect[1]: invalid glob"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn ceilings_name_the_field_and_the_maximum() {
+        let c = JobCeilings::default();
+        let check = |s: &str| c.check(&parse(s).unwrap()).map_err(|e| e.to_string());
+        assert_eq!(
+            check(r#"{"cmd":"x","limits":{"disk_mb":1048576}}"#).unwrap_err(),
+            "limits.disk_mb: 1048576 is over this node's maximum of 1024"
+        );
+        let e = check(r#"{"cmd":"x","limits":{"output_bytes":1099511627776}}"#).unwrap_err();
+        assert!(
+            e.starts_with("limits.output_bytes: 1099511627776 is over"),
+            "{e}"
+        );
+        let e = check(r#"{"cmd":"x","limits":{"pids":65536}}"#).unwrap_err();
+        assert!(
+            e.starts_with("limits.pids:") && e.ends_with("maximum of 1024"),
+            "{e}"
+        );
+        let e = check(r#"{"cmd":"x","max_attempts":1000}"#).unwrap_err();
+        assert!(
+            e.starts_with("max_attempts:") && e.ends_with("of 10"),
+            "{e}"
+        );
+        let e = check(r#"{"cmd":"x","result_ttl_s":31536000}"#).unwrap_err();
+        assert!(e.starts_with("result_ttl_s:"), "{e}");
+        let e = check(r#"{"cmd":"x","timeout_ms":86400000}"#).unwrap_err();
+        assert!(e.starts_with("timeout_ms:"), "{e}");
+        check(r#"{"cmd":"x","limits":{"disk_mb":1024,"pids":1024},"max_attempts":10}"#).unwrap();
+        let d = EffectiveLimits::default();
+        assert_eq!(c.clamp_defaults(&d), d);
+        let low = JobCeilings {
+            timeout_ms: 500,
+            limits: EffectiveLimits {
+                pids: 8,
+                ..c.limits
+            },
+            ..c
+        };
+        assert_eq!(low.clamp_defaults(&d), EffectiveLimits { pids: 8, ..d });
+        assert_eq!(low.timeout_ms(&Job::shell("x")), 500);
+        assert_eq!(c.timeout_ms(&Job::shell("x")), DEFAULT_TIMEOUT_MS);
+    }
+
+    #[test]
+    fn oversized_results_are_cut_with_the_flags_set() {
+        let mut outcome = Outcome::not_run(Status::Ok, "");
+        outcome.error = None;
+        outcome.stdout = "o\u{1}".repeat(5000);
+        outcome.stderr = "é".repeat(3000);
+        outcome.files = [("f".to_owned(), FileData::Text("x".repeat(2000)))].into();
+        outcome.files_truncated = vec!["f".to_owned()];
+        let r = JobResult::new("x".into(), outcome, 1, "w".into());
+        let whole = r.to_json_within(usize::MAX);
+        assert_eq!(whole, serde_json::to_string(&r).unwrap());
+        for max in [20_000, 5000, 600] {
+            let cut: JobResult = serde_json::from_str(&r.to_json_within(max)).unwrap();
+            assert!(serde_json::to_string(&cut).unwrap().len() <= max, "{max}");
+            assert!(cut.outcome.stdout_truncated, "{max}");
+            assert!(r.outcome.stdout.starts_with(&cut.outcome.stdout));
+            assert!(r.outcome.stderr.starts_with(&cut.outcome.stderr));
+            assert_eq!(cut.outcome.status, Status::Ok);
+            assert_eq!(cut.id, "x");
+        }
+        let tiny: JobResult = serde_json::from_str(&r.to_json_within(600)).unwrap();
+        assert!(tiny.outcome.stdout.is_empty() && tiny.outcome.stderr_truncated);
+        assert!(tiny.outcome.files.is_empty());
+        assert!(tiny.outcome.files_truncated.is_empty());
+        assert!(tiny
+            .outcome
+            .error
+            .unwrap()
+            .contains("1 collected file(s) dropped"));
     }
 
     #[test]
@@ -786,5 +1368,23 @@ mod tests {
         );
         let b = FileData::from_bytes(vec![0xff, 0]);
         assert_eq!(serde_json::to_string(&b).unwrap(), r#"{"b64":"/wA="}"#);
+    }
+
+    #[test]
+    fn runtime_is_optional_and_strict() {
+        let job = parse(r#"{"argv":["python3","-c","1"],"runtime":"python"}"#).unwrap();
+        assert_eq!(job.runtime, Some(Runtime::Python));
+        assert_eq!(parse(r#"{"argv":["python3"]}"#).unwrap().runtime, None);
+        let e = err(r#"{"argv":["node"],"runtime":"node"}"#);
+        assert!(e.starts_with("runtime:") && e.contains("python"), "{e}");
+        let e = err(r#"{"argv":["x"],"runtime":"Python"}"#);
+        assert!(e.starts_with("runtime:"), "{e}");
+        let used = RuntimeUse {
+            name: Runtime::Python,
+            warm: false,
+            note: Some("-O".into()),
+        };
+        let text = serde_json::to_string(&used).unwrap();
+        assert_eq!(text, r#"{"name":"python","warm":false,"note":"-O"}"#);
     }
 }

@@ -37,13 +37,29 @@ fn blocks(text: &str, tag: &str) -> Vec<String> {
     out
 }
 
-/// The redis-cli command lines of the document, in order.
-fn redis_cli_lines() -> Vec<String> {
-    blocks(&doc(), "redis-cli")
+/// The command lines of the document's blocks tagged `tag`, in order (blank lines and
+/// comments left out).
+fn command_lines(tag: &str) -> Vec<String> {
+    blocks(&doc(), tag)
         .iter()
         .flat_map(|b| b.lines().map(str::to_owned).collect::<Vec<_>>())
         .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .collect()
+}
+
+/// The redis-cli command lines of the document, in order.
+fn redis_cli_lines() -> Vec<String> {
+    command_lines("redis-cli")
+}
+
+/// Whether redis-cli runs here; the caller's test is skipped (and counted) when it does not.
+fn have_redis_cli() -> bool {
+    let Ok(status) = Command::new("redis-cli").arg("--version").output() else {
+        forkbox_queue::skip::skipped("redis-cli is not installed");
+        return false;
+    };
+    assert!(status.status.success());
+    true
 }
 
 /// Splits a line the way redis-cli does (sdssplitargs): whitespace-separated, with "..."
@@ -121,6 +137,31 @@ async fn setup() -> (RedisServer, Queue, tokio::task::JoinHandle<()>) {
     (server, q, worker)
 }
 
+/// Runs `redis-cli ARGS` with `script` on its standard input; its output once it exits.
+async fn redis_cli(args: &[&str], script: String) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        let mut child = Command::new("redis-cli")
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    });
+    tokio::time::timeout(Duration::from_secs(60), out)
+        .await
+        .expect("redis-cli finished")
+        .unwrap()
+}
+
 fn check_result_json(text: &str) {
     let r: JobResult = serde_json::from_str(text).expect("result JSON v1");
     assert_eq!(r.id, "hello-1");
@@ -176,34 +217,13 @@ async fn the_redis_cli_example_runs_through_a_client() {
 
 #[tokio::test]
 async fn the_redis_cli_example_runs_in_redis_cli() {
-    let Ok(status) = Command::new("redis-cli").arg("--version").output() else {
-        println!("SKIPPED: redis-cli is not installed");
+    if !have_redis_cli() {
         return;
-    };
-    assert!(status.status.success());
+    }
     let (server, _q, worker) = setup().await;
     let script = redis_cli_lines().join("\n") + "\n";
     let port = server.port().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        let mut child = Command::new("redis-cli")
-            .args(["-p", &port])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(script.as_bytes())
-            .unwrap();
-        child.wait_with_output().unwrap()
-    });
-    let out = tokio::time::timeout(Duration::from_secs(60), out)
-        .await
-        .expect("redis-cli finished")
-        .unwrap();
+    let out = redis_cli(&["-p", &port], script).await;
     worker.abort();
     let stdout = String::from_utf8(out.stdout).unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
@@ -213,4 +233,162 @@ async fn the_redis_cli_example_runs_in_redis_cli() {
     assert_eq!(lines[1], "forkbox:{default}:done:hello-1");
     assert_eq!(lines[2], "ok");
     check_result_json(lines[3]);
+}
+
+/// The redis-cli lines of the document's Redis Cluster example.
+fn redis_cli_cluster_lines() -> Vec<String> {
+    command_lines("redis-cli-cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_example_runs_in_redis_cli_c() {
+    if !have_redis_cli() {
+        return;
+    }
+    let cluster = forkbox_queue::RedisCluster::start_default().expect("start a 3+3 cluster");
+    let endpoint = forkbox_queue::Endpoint::parse(&cluster.seeds(), true).unwrap();
+    let q = Broker::connect_to(&endpoint)
+        .await
+        .unwrap()
+        .queue("default", QueueConfig::default())
+        .unwrap();
+    q.ensure_group().await.unwrap();
+    let worker = stand_in_worker(q.clone());
+    // A watcher as a worker runs one: it must hear the raw SPUBLISH.
+    let mut watcher = q.watch_cancellations();
+    let first = tokio::time::timeout(Duration::from_secs(30), watcher.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(first, forkbox_queue::CancelEvent::Resynced(_)));
+    let heard = tokio::spawn(async move { watcher.next().await });
+
+    // Through a primary that does not serve the queue's slot: redis-cli -c follows MOVED.
+    let slot = redis::cluster_routing::get_slot(q.keys().jobs().as_bytes());
+    let owner = cluster.primary_of(slot).unwrap();
+    let via = cluster
+        .view()
+        .into_iter()
+        .find(|n| n.primary && !n.serves(slot))
+        .map(|n| n.port)
+        .unwrap();
+    assert_ne!(cluster.nodes()[owner].port(), via);
+    let script = redis_cli_cluster_lines().join("\n") + "\n";
+    let out = redis_cli(&["-c", "-p", &via.to_string()], script).await;
+    worker.abort();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    // redis-cli -c notes each redirection it followed on a line of its own.
+    let (redirects, lines): (Vec<&str>, Vec<&str>) = stdout
+        .lines()
+        .partition(|l| l.starts_with("-> Redirected to slot"));
+    assert!(
+        redirects.iter().any(|l| l.contains(&format!("[{slot}]"))),
+        "the MOVED reply was followed: {stdout}"
+    );
+    assert_eq!(lines.len(), 7, "{stdout}");
+    assert!(lines[0].contains('-'), "{stdout}");
+    assert_eq!(lines[1], "forkbox:{default}:done:hello-c1");
+    assert_eq!(lines[2], "ok");
+    let r: JobResult = serde_json::from_str(lines[3]).expect("result JSON v1");
+    assert_eq!(
+        (r.id.as_str(), r.outcome.stdout.as_str()),
+        ("hello-c1", "hello\n")
+    );
+    assert_eq!(lines[4], "1", "ZADD");
+    assert_eq!(lines[5], "1", "SPUBLISH reached the one subscribed watcher");
+    assert_eq!(lines[6], slot.to_string(), "CLUSTER KEYSLOT");
+    let ev = tokio::time::timeout(Duration::from_secs(30), heard)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ev,
+        forkbox_queue::CancelEvent::Cancelled("never-ran-1".into())
+    );
+    // The documented slot is the real one.
+    assert!(doc().contains(&format!("the slot, `{slot}`")));
+}
+
+/// The redis-cli lines of the document's partitioned-queue example.
+fn redis_cli_partitioned_lines() -> Vec<String> {
+    command_lines("redis-cli-partitioned")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_partitioned_example_runs_in_redis_cli_c() {
+    if !have_redis_cli() {
+        return;
+    }
+    // The documented tags, slots and partition of the example id are what the crate computes.
+    let tags: Vec<String> = (0..3)
+        .map(|p| forkbox_queue::keys::partition_tag("default", p, 3))
+        .collect();
+    assert_eq!(tags, ["default", "default:1:3", "default:2:0"]);
+    let text = doc();
+    for t in &tags {
+        let slot = forkbox_queue::keys::tag_slot(t);
+        assert!(text.contains(&format!("`{t}` (slot {slot})")), "{t} {slot}");
+    }
+    assert_eq!(forkbox_queue::keys::partition_of("hello-p1", 3), 1);
+
+    let cluster = forkbox_queue::RedisCluster::start_default().expect("start a 3+3 cluster");
+    let endpoint = forkbox_queue::Endpoint::parse(&cluster.seeds(), true).unwrap();
+    let q = Broker::connect_to(&endpoint)
+        .await
+        .unwrap()
+        .open_partitioned("default", 3, QueueConfig::default())
+        .await
+        .unwrap();
+    // A stand-in for a worker reading every partition.
+    let workers: Vec<_> = q
+        .partitions()
+        .iter()
+        .map(|p| stand_in_worker(p.clone()))
+        .collect();
+    // The three partitions are served by three different primaries.
+    let owners: std::collections::BTreeSet<usize> = q
+        .partitions()
+        .iter()
+        .map(|p| {
+            let slot = redis::cluster_routing::get_slot(p.keys().jobs().as_bytes());
+            cluster.primary_of(slot).unwrap()
+        })
+        .collect();
+    assert_eq!(owners.len(), 3, "one primary per partition");
+
+    let slot = forkbox_queue::keys::tag_slot("default:1:3");
+    let via = cluster
+        .view()
+        .into_iter()
+        .find(|n| n.primary && !n.serves(slot))
+        .map(|n| n.port)
+        .unwrap();
+    let script = redis_cli_partitioned_lines().join("\n") + "\n";
+    let out = redis_cli(&["-c", "-p", &via.to_string()], script).await;
+    for w in workers {
+        w.abort();
+    }
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.starts_with("-> Redirected to slot"))
+        .collect();
+    assert_eq!(lines.len(), 6, "{stdout}");
+    assert!(lines[0].contains('-'), "{stdout}");
+    assert_eq!(lines[1], "forkbox:{default:1:3}:done:hello-p1");
+    assert_eq!(lines[2], "ok");
+    let r: JobResult = serde_json::from_str(lines[3]).expect("result JSON v1");
+    assert_eq!(
+        (r.id.as_str(), r.outcome.stdout.as_str()),
+        ("hello-p1", "hello\n")
+    );
+    assert_eq!(lines[4], "3", "the meta key");
+    assert_eq!(lines[5], slot.to_string(), "CLUSTER KEYSLOT");
+    assert!(text.contains(&format!("the slot, `{slot}`")));
+    // The result is where a client holding the id looks.
+    assert_eq!(
+        q.result("hello-p1").await.unwrap().map(|r| r.id),
+        Some("hello-p1".to_owned())
+    );
 }

@@ -60,7 +60,7 @@ async fn enqueue_read_complete_stores_exactly_one_result() {
 }
 
 /// Calls of `EXISTS` so far, scripts' inner calls included.
-async fn exists_calls(c: &mut redis::aio::ConnectionManager) -> u64 {
+async fn exists_calls(c: &mut forkbox_queue::Connection) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(c)
@@ -410,7 +410,7 @@ async fn a_queue_set_reads_higher_priorities_first() {
     let got = set.read("w", 10, 100).await.unwrap();
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|d| d.queue == "default"));
-    assert!(set.get("high").is_some());
+    assert!(set.get("high", 0).is_some());
 
     // Blocking phase: everything is empty, a low-priority job arrives while blocked.
     let reader = {
@@ -477,4 +477,38 @@ async fn stats_heartbeats_and_dead_consumer_removal() {
         .collect();
     assert_eq!(names, ["busy"]);
     drop(held);
+}
+
+#[tokio::test]
+async fn the_broker_counts_every_request_it_sends() {
+    let srv = RedisServer::start().unwrap();
+    let trips = forkbox_queue::RoundTrips::default();
+    let broker =
+        Broker::connect_counted(&forkbox_queue::Endpoint::Single(srv.url()), trips.clone())
+            .await
+            .unwrap();
+    let q = broker.queue("trips", QueueConfig::default()).unwrap();
+    q.ensure_group().await.unwrap();
+    let start = trips.get();
+    assert_eq!(
+        broker.round_trips().get(),
+        start,
+        "one counter, the caller's"
+    );
+    // A command, a pipeline and a script call are one request each, whatever they hold.
+    let mut c = broker.connection();
+    let _: () = c.set("trips:a", 1).await.unwrap();
+    let _: () = redis::pipe()
+        .set("trips:b", 2)
+        .ignore()
+        .set("trips:c", 3)
+        .ignore()
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(trips.get() - start, 2);
+    // A blocking read on its dedicated connection counts too.
+    let before = trips.get();
+    assert!(q.read("w1", 1, 50).await.unwrap().is_empty());
+    assert_eq!(trips.get() - before, 1);
 }

@@ -24,8 +24,13 @@ EXPORTED = {
     "forkbox_job_duration_seconds": "histogram",
     "forkbox_spawn_seconds": "histogram",
     "forkbox_slots_busy": "gauge",
-    "forkbox_slots_total": "gauge",
+    "forkbox_slots": "gauge",
+    "forkbox_jobs_in_flight": "gauge",
     "forkbox_queue_lag": "gauge",
+    "forkbox_queue_pending": "gauge",
+    "forkbox_queue_wait_seconds": "histogram",
+    "forkbox_dead_letter_length": "gauge",
+    "forkbox_build_info": "gauge",
     "forkbox_reclaimed_total": "counter",
     "forkbox_dead_letter_total": "counter",
     "forkbox_redis_errors_total": "counter",
@@ -38,7 +43,8 @@ PROMETHEUS_SERIES = {"up"}
 REQUIRED = {
     "forkbox_jobs_total", "forkbox_job_duration_seconds", "forkbox_spawn_seconds",
     "forkbox_slots_busy", "forkbox_queue_lag", "forkbox_dead_letter_total",
-    "forkbox_reclaimed_total",
+    "forkbox_reclaimed_total", "forkbox_queue_wait_seconds", "forkbox_jobs_in_flight",
+    "forkbox_queue_pending", "forkbox_dead_letter_length", "forkbox_build_info",
 }
 
 PROMQL_WORDS = {

@@ -42,6 +42,38 @@ else
     echo "SKIPPED: Makefile has no release build yet; Dockerfile checked against '$want' only"
 fi
 
+# RUNTIMES: python (the default, small) or full (node, java, gcc, go); both keep python3,
+# which the HEALTHCHECK needs. The full list's packages must exist in the image's release.
+grep -q '^ARG RUNTIMES=python$' "$DOCKER/Dockerfile" \
+    || { echo "FAIL: no 'ARG RUNTIMES=python' (the small image must stay the default)"; failed=1; }
+full=$(sed -n 's/^ *full) extra="\([^"]*\)".*/\1/p' "$DOCKER/Dockerfile")
+for need in nodejs default-jdk-headless gcc g++ golang-go; do
+    case " $full " in *" $need "*) ;; *) echo "FAIL: RUNTIMES=full lacks $need"; failed=1 ;; esac
+done
+# shellcheck disable=SC2016  # a literal $extra, as the Dockerfile spells it
+grep -Eq 'install .*python3 tini \$extra' "$DOCKER/Dockerfile" \
+    || { echo "FAIL: the runtime stage does not install python3 and the RUNTIMES packages together"; failed=1; }
+release=$(sed -n 's/^ARG DEBIAN_RELEASE=//p' "$DOCKER/Dockerfile")
+host_release=$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")
+# The lookup needs the host's package lists. A fresh machine may have none yet (python3,
+# which every Debian release has, does not resolve): as root they are fetched once, and
+# otherwise the names are not looked up rather than failed against an empty list.
+apt_lists_ready() { apt-cache show python3 >/dev/null 2>&1; }
+if command -v apt-cache >/dev/null && [ "$host_release" = "$release" ]; then
+    if ! apt_lists_ready && [ "$(id -u)" -eq 0 ]; then apt-get update -qq >/dev/null 2>&1 || true; fi
+    if apt_lists_ready; then
+        missing=0
+        for pkg in $full; do
+            apt-cache show "$pkg" >/dev/null 2>&1 || { echo "FAIL: $pkg is not a Debian $release package"; missing=1; failed=1; }
+        done
+        [ "$missing" = 0 ] && echo "ok: RUNTIMES=full names Debian $release packages: $full"
+    else
+        echo "note: this host has no Debian package lists (run: apt-get update); the RUNTIMES=full package names were not looked up"
+    fi
+else
+    echo "note: not a Debian $release host; the RUNTIMES=full package names were not looked up"
+fi
+
 "$PY" - "$DOCKER/docker-compose.yml" "$REPO" <<'PYEOF' || failed=1
 import os, sys, yaml
 path, repo = sys.argv[1:]

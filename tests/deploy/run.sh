@@ -28,6 +28,7 @@ run systemd "$HERE/check_systemd.sh"
 run kubernetes venv_or_skip "$PY" "$HERE/check_k8s.py"
 run prometheus "$HERE/check_prometheus.sh"
 run grafana venv_or_skip "$PY" "$HERE/check_dashboard.py"
+run metrics "$HERE/check_metrics.sh"
 run docker "$HERE/check_dockerfile.sh"
 if [ "$run_cluster" = 1 ]; then
     run local-cluster-network "$HERE/test_local_cluster.sh" network

@@ -19,6 +19,14 @@ fn read(path: &str) -> Option<String> {
 pub fn probe_host() -> HostReport {
     let mut lines = Vec::new();
     let mut fatal = None;
+    // Only images (`--rootfs`) need overlayfs, so its absence is a warning, not a failure.
+    let overlay =
+        read("/proc/filesystems").is_some_and(|f| f.lines().any(|l| l.ends_with("overlay")));
+    lines.push(if overlay {
+        "ok    overlayfs: available (used with userxattr inside the user namespace, for --rootfs images)".to_owned()
+    } else {
+        "warn  overlayfs: not in /proc/filesystems (`modprobe overlay`); needed only for --rootfs images".to_owned()
+    });
     let mut line = |ok: bool, what: &str, detail: String| {
         lines.push(format!(
             "{} {what}: {detail}",
@@ -52,21 +60,6 @@ pub fn probe_host() -> HostReport {
     }
     line(userns_ok, "user namespaces", detail);
 
-    let overlay =
-        read("/proc/filesystems").is_some_and(|f| f.lines().any(|l| l.ends_with("overlay")));
-    line(
-        overlay,
-        "overlayfs",
-        if overlay {
-            "available (used with userxattr inside the user namespace)".into()
-        } else {
-            "not in /proc/filesystems: `modprobe overlay`".into()
-        },
-    );
-    if !overlay {
-        fatal.get_or_insert_with(|| "overlayfs unavailable: `modprobe overlay`".into());
-    }
-
     let seccomp = read("/proc/sys/kernel/seccomp/actions_avail");
     let seccomp_ok = seccomp.as_deref().is_some_and(|a| a.contains("errno"));
     line(
@@ -84,21 +77,23 @@ pub fn probe_host() -> HostReport {
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
     let (major, minor) = kernel_version(&release);
-    let pidfd = (major, minor) >= (5, 3);
+    // clone3 with CLONE_PIDFD (5.3), openat2 for collecting (5.6), mount_setattr for the
+    // recursive read-only allowlist (5.12).
+    let modern = (major, minor) >= (5, 12);
     line(
-        pidfd,
-        "pidfd",
+        modern,
+        "kernel",
         format!(
-            "kernel {release}: clone3 with CLONE_PIDFD {}",
-            if pidfd {
+            "kernel {release}: clone3 with CLONE_PIDFD, openat2 and mount_setattr {}",
+            if modern {
                 "available"
             } else {
-                "needs Linux 5.3+"
+                "need Linux 5.12+"
             }
         ),
     );
-    if !pidfd {
-        fatal.get_or_insert_with(|| format!("kernel {release} is too old: Linux 5.11+ is needed"));
+    if !modern {
+        fatal.get_or_insert_with(|| format!("kernel {release} is too old: Linux 5.12+ is needed"));
     }
 
     let probe = cgroup::probe(
@@ -122,7 +117,27 @@ pub fn probe_host() -> HostReport {
             },
         ));
     }
+    if !matches!(probe.delegation, Delegation::Delegated(_)) {
+        lines.extend(delegation_hints());
+    }
     HostReport { lines, fatal }
+}
+
+/// How to get cgroup delegation, and what its absence means for the runtimes a job may use.
+pub fn delegation_hints() -> Vec<String> {
+    vec![
+        "hint  cgroup v2: run the node as a systemd unit with `Delegate=cpu memory pids` (or \
+         `Delegate=yes`), as deploy/systemd/forkbox-worker.service does, or for a one-off \
+         `systemd-run -p Delegate=yes --wait --pty forkbox ...`; see docs/operations.md \
+         (\"Why Delegate=yes\")"
+            .into(),
+        "hint  without cgroups: memory is RLIMIT_DATA per process (writable private memory; \
+         the address space V8, the JVM, Go and BEAM only reserve is not counted, so they \
+         start), a job of several processes gets the memory and CPU budget per process, and \
+         an out-of-memory end is only reported as memory_limit when the program's own \
+         message and its peak show it"
+            .into(),
+    ]
 }
 
 fn kernel_version(release: &str) -> (u32, u32) {
@@ -146,14 +161,29 @@ pub fn limit_mechanisms(delegation: &Delegation) -> Vec<(&'static str, String)> 
         ),
         (
             "cpu time",
-            "RLIMIT_CPU (1 s granularity; SIGXCPU, then SIGKILL)".into(),
+            if cg {
+                format!(
+                    "cpu.stat usage of the whole job, checked by the engine, plus RLIMIT_CPU \
+                     per process; cpu.max holds a job to one CPU ({why})"
+                )
+            } else {
+                "one budget for the whole sandbox, kept by its init from /proc, plus \
+                 RLIMIT_CPU per process (1 s granularity; SIGXCPU, then SIGKILL)"
+                    .into()
+            },
         ),
         (
             "memory",
             if cg {
-                format!("memory.max + memory.swap.max=0, OOM kills reported ({why})")
+                format!(
+                    "memory.max + memory.swap.max=0 + memory.oom.group=1, resident memory of \
+                     the whole job, OOM kills reported ({why})"
+                )
             } else {
-                format!("RLIMIT_AS per process; {why}")
+                format!(
+                    "RLIMIT_DATA per process (writable private memory, not address space \
+                     reservations); {why}"
+                )
             },
         ),
         (
@@ -195,11 +225,16 @@ mod tests {
             limit_mechanisms(&Delegation::Unavailable("controllers not delegated".into()));
         let memory = &without.iter().find(|(l, _)| *l == "memory").unwrap().1;
         assert!(
-            memory.starts_with("RLIMIT_AS") && memory.contains("controllers not delegated"),
+            memory.starts_with("RLIMIT_DATA") && memory.contains("controllers not delegated"),
             "{memory}"
         );
         let with = limit_mechanisms(&Delegation::Delegated("/sys/fs/cgroup/x".into()));
         let pids = &with.iter().find(|(l, _)| *l == "processes").unwrap().1;
         assert!(pids.starts_with("pids.max"), "{pids}");
+        let memory = &with.iter().find(|(l, _)| *l == "memory").unwrap().1;
+        assert!(memory.starts_with("memory.max"), "{memory}");
+        assert!(!memory.contains("RLIMIT"), "{memory}");
+        let cpu = &with.iter().find(|(l, _)| *l == "cpu time").unwrap().1;
+        assert!(cpu.starts_with("cpu.stat"), "{cpu}");
     }
 }

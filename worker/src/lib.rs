@@ -4,9 +4,6 @@
 // The only unsafe code lives in `sandbox::sys`, which opts back in.
 #![deny(unsafe_code)]
 
-pub mod bench;
 pub mod check;
-pub mod cli;
-pub mod daemon;
 pub mod node;
 pub mod sandbox;

@@ -4,11 +4,13 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+mod cmd;
+
 fn main() -> ExitCode {
     // The zygote must stay single-threaded: dispatch to it before anything starts a thread.
     if std::env::args_os().nth(1).is_some_and(|a| a == "__zygote") {
         forkbox::sandbox::zygote::main();
     }
-    let cli = forkbox::cli::Cli::parse();
-    forkbox::cli::main(cli)
+    let cli = cmd::Cli::parse();
+    cmd::main(cli)
 }

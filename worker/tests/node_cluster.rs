@@ -230,3 +230,60 @@ async fn workers_ride_out_a_redis_restart() {
         "again\n"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_draining_a_backlog_reads_its_next_jobs_with_its_completions() {
+    const JOBS: usize = 300;
+    if !have("redis-cli") {
+        eprintln!("skipped: redis-cli is not installed");
+        return;
+    }
+    let server = start_redis();
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    let all = jobs("b", JOBS, Job::argv(["/bin/true"]));
+    let ids: Vec<String> = all.iter().map(|j| j.id.clone().unwrap()).collect();
+    q.enqueue_batch(&all, "backlog").await.unwrap();
+    // Every command Redis runs, with its arguments, one a line.
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("monitor.log");
+    let mut monitor = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port().to_string(), "monitor"])
+        .stdout(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    poll(Duration::from_secs(30), "MONITOR attached", || {
+        let log = log.clone();
+        async move { (std::fs::read_to_string(&log).ok()? == "OK\n").then_some(()) }
+    })
+    .await;
+    let mut w = WorkerProc::start(&url, "w", &["--slots", "2"]);
+    w.wait_ready();
+    let (lost, dup) = settle(&url, &ids, Duration::from_secs(300)).await;
+    monitor.kill().unwrap();
+    monitor.wait().unwrap();
+    assert_eq!(
+        (lost.len(), dup.len()),
+        (0, 0),
+        "lost {lost:?}, duplicated {dup:?}"
+    );
+    assert_eq!(xlen(&url, "forkbox:{default}:jobs").await, 0);
+    let status = q.batch_status("backlog").await.unwrap();
+    assert_eq!((status.total, status.done), (JOBS as u64, JOBS as u64));
+    // The reader's blocking reads were one per job (each freed slot read on its own); now the
+    // completion that frees a slot reads the next entry without BLOCK, and the reader's own
+    // reads are the few left: at start, after a reclaim, at the end.
+    let commands = std::fs::read_to_string(&log).unwrap();
+    let reads = |blocking: bool| {
+        commands
+            .lines()
+            .filter(|l| l.contains("\"XREADGROUP\"") && l.contains("\"BLOCK\"") == blocking)
+            .count()
+    };
+    let (blocking, with_completions) = (reads(true), reads(false));
+    assert!(
+        blocking < JOBS / 10 && with_completions > JOBS / 2,
+        "{blocking} blocking reads and {with_completions} with completions for {JOBS} jobs\n{}",
+        w.log()
+    );
+}

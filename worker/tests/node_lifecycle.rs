@@ -167,13 +167,21 @@ async fn cancelling_a_pending_and_a_running_job() {
     // One slot: the second job stays in the stream while the first runs.
     let mut w = WorkerProc::start(&url, "canceller", &["--slots", "1"]);
     let metrics = w.metrics_addr();
-    q.enqueue(&with_id("running", Job::shell("sleep 60")))
+    q.enqueue(&with_id("running", Job::shell("exec sleep 60.4242")))
         .await
         .unwrap();
     q.enqueue(&with_id("pending", Job::shell("echo should not run")))
         .await
         .unwrap();
     busy(metrics, 1.0).await;
+    // A busy slot may still be handing its job over: the cancel must find it running.
+    poll(Duration::from_secs(60), "the job's program", || async {
+        let running = std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| c == b"sleep\x0060.4242\x00")
+        });
+        running.then_some(())
+    })
+    .await;
     let s = q.stats().await.unwrap();
     assert_eq!(
         (s.length, s.pending),

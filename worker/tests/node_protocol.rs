@@ -54,7 +54,7 @@ fn check_hello(json: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_documented_redis_cli_example_runs_verbatim() {
     if !have("redis-cli") {
-        println!("SKIPPED: redis-cli is not installed");
+        forkbox_queue::skip::skipped("redis-cli is not installed");
         return;
     }
     let server = start_redis();
@@ -126,18 +126,18 @@ async fn a_redis_py_enqueue_works_the_same() {
     match probe {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            println!(
-                "SKIPPED: {python} cannot import redis ({}); the Makefile's venv provides it, \
+            forkbox_queue::skip::skipped(format!(
+                "{python} cannot import redis ({}); the Makefile's venv provides it, \
                  or point FORKBOX_PYTHON at an interpreter that has it",
                 String::from_utf8_lossy(&o.stderr)
                     .lines()
                     .last()
                     .unwrap_or("")
-            );
+            ));
             return;
         }
         Err(e) => {
-            println!("SKIPPED: cannot run {python}: {e}");
+            forkbox_queue::skip::skipped(format!("cannot run {python}: {e}"));
             return;
         }
     }
@@ -252,7 +252,12 @@ async fn malformed_entries_are_dead_lettered_with_their_reason() {
         .expect("the good job ran");
     assert_eq!(r.outcome.stdout, "after\n");
     let n = cases.len() as f64;
-    metric_reaches(metrics, "forkbox_dead_letter_total", &[], n);
+    metric_reaches(
+        metrics,
+        "forkbox_dead_letter_total",
+        &[("queue", "default")],
+        n,
+    );
     let invalid = [("queue", "default"), ("status", "invalid")];
     metric_reaches(metrics, "forkbox_jobs_total", &invalid, n);
     assert!(worker.try_wait().is_none(), "the worker is still running");

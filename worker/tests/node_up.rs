@@ -60,7 +60,9 @@ fn a_private_redis_dies_with_up_even_when_up_is_killed_outright() {
     if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .any(|d| d.join("setpriv").is_file())
     {
-        println!("SKIPPED: no setpriv (util-linux) in PATH to tie redis-server's life to up's");
+        forkbox_queue::skip::skipped(
+            "no setpriv (util-linux) in PATH to tie redis-server's life to up's",
+        );
         return;
     }
     let mut up = Command::new(BIN)
@@ -148,7 +150,7 @@ fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
         Some(0.0),
         "{page}"
     );
-    assert_eq!(metric(&page, "forkbox_slots_total", &[]), Some(2.0));
+    assert_eq!(metric(&page, "forkbox_slots", &[]), Some(2.0));
     let out = forkbox(&["submit", "--redis", &url, "--wait", "--", "echo", "hi"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "hi\n");
@@ -237,7 +239,7 @@ fn up_demo_prints_a_table_of_results_and_stops() {
         assert_eq!(row("python3"), "ok", "{stdout}");
         assert_eq!(row("humaneval"), "ok", "{stdout}");
     } else {
-        println!("SKIPPED: python3 rows (no /usr/bin/python3 on this host)");
+        forkbox_queue::skip::skipped("python3 rows (no /usr/bin/python3 on this host)");
     }
 }
 

@@ -16,67 +16,10 @@ use std::time::{Duration, Instant};
 use forkbox::sandbox::cgroup::Delegation;
 use forkbox::sandbox::{seccomp::DENIED, CgroupSource, Engine, EngineConfig};
 use forkbox_queue::schema::{FileData, Job, Limits, Status};
-use sandbox_support::wait_until;
+use sandbox_support::{
+    forkbox as command, identities, is_root, unprivileged_bin, wait_until, Identity, BIN,
+};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Identity {
-    Root,
-    Unprivileged,
-}
-
-fn is_root() -> bool {
-    nix::unistd::Uid::effective().is_root()
-}
-
-/// The identities this host lets us test; prints why one is skipped.
-fn identities() -> Vec<Identity> {
-    if is_root() {
-        vec![Identity::Root, Identity::Unprivileged]
-    } else {
-        println!(
-            "SKIPPED: root variant (tests run as uid {})",
-            nix::unistd::Uid::effective()
-        );
-        vec![Identity::Unprivileged]
-    }
-}
-
-/// The binary as `nobody` can reach it: a checkout under a private home directory is not
-/// traversable by other users, so it is copied to a world-readable place once.
-fn unprivileged_bin() -> &'static Path {
-    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    COPY.get_or_init(|| {
-        let reachable = Command::new("runuser")
-            .args(["-u", "nobody", "--", "test", "-x", BIN])
-            .status();
-        if reachable.is_ok_and(|s| s.success()) {
-            return PathBuf::from(BIN);
-        }
-        let dir = std::env::temp_dir().join(format!("forkbox-test-bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let copy = dir.join("forkbox");
-        std::fs::copy(BIN, &copy).unwrap();
-        for p in [&dir, &copy] {
-            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .unwrap();
-        }
-        copy
-    })
-}
-
-fn command(who: Identity) -> Command {
-    match (who, is_root()) {
-        (Identity::Unprivileged, true) => {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "nobody", "--"]).arg(unprivileged_bin());
-            c
-        }
-        _ => Command::new(BIN),
-    }
-}
 
 struct Ran {
     json: Value,
@@ -330,6 +273,232 @@ fn host_root_is_never_mapped_into_the_sandbox() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 1b. What a job can reach through the node: collected files, submounts, the caller's terminal
+
+/// `collect` reads as the job would and resolves no symlink at any component: a symlink to
+/// pid 1's `/proc` entry, to `/proc/self`, to `/`, to `..`, through a symlinked directory, a
+/// symlinked intermediate directory, a hard link to a host file: none of it gives a byte that
+/// is not the job's own.
+#[test]
+fn collect_reads_only_the_jobs_own_files() {
+    let shell = "mkdir -p out/sub d && echo legit > out/a.txt && echo nested > out/sub/b.txt \
+                 && ln -s /proc/1 p && ln -s /proc/self s && ln -s / top && ln -s .. up \
+                 && ln -s /proc/1 d/p && ln -s /etc/passwd out/pw.txt && ln -s out o \
+                 && ln -s /proc/1/root r1 && echo x > /tmp/x; \
+                 ln /etc/hostname out/hard.txt 2>/dev/null; ln /tmp/x out/hard2.txt 2>/dev/null; \
+                 echo ran";
+    let patterns = [
+        "p/maps",
+        "p/auxv",
+        "p/stat",
+        "p/environ",
+        "p/status",
+        "p/cmdline",
+        "p/mountinfo",
+        "p/pagemap",
+        "p/fd/*",
+        "p/root/etc/passwd",
+        "p/cwd/out/a.txt",
+        "p/*",
+        "s/maps",
+        "s/environ",
+        "s/status",
+        "top/etc/passwd",
+        "top/etc/*",
+        "up/*",
+        "up/**",
+        "d/p/maps",
+        "d/*/maps",
+        "*/maps",
+        "**/maps",
+        "r1/etc/hostname",
+        "o/a.txt",
+        "out/*",
+        "out/**",
+    ];
+    for who in identities() {
+        let mut c = command(who);
+        c.args(["run", "--json"]);
+        for p in patterns {
+            c.args(["--collect", p]);
+        }
+        let ran = finish(who, c.args(["-c", shell]).output().unwrap());
+        assert_eq!(ran.status(), "ok", "{who:?}: {} {}", ran.err(), ran.stderr);
+        assert_eq!(ran.stdout(), "ran\n", "{who:?}");
+        let files = ran.json["files"].as_object().unwrap();
+        let names: Vec<&String> = files.keys().collect();
+        assert_eq!(names, ["out/a.txt", "out/sub/b.txt"], "{who:?}: {files:?}");
+        assert_eq!(files["out/a.txt"], "legit\n");
+        assert_eq!(files["out/sub/b.txt"], "nested\n");
+        assert_eq!(ran.json["error"], Value::Null, "{who:?}");
+    }
+}
+
+/// What is read is capped whatever size a file reports: a file of the job's disk larger than
+/// the node's collect cap (8 MiB) comes back cut at the cap and flagged, and `/proc` files
+/// (which report a size of 0) are not the job's disk at all.
+#[test]
+fn collect_reads_at_most_the_cap_and_flags_it() {
+    const CAP: usize = 8 * 1024 * 1024;
+    for who in identities() {
+        let out = command(who)
+            .args(["run", "--json", "--disk-mb", "32"])
+            .args([
+                "--collect",
+                "big",
+                "--collect",
+                "p/pagemap",
+                "--collect",
+                "s/pagemap",
+            ])
+            .args([
+                "-c",
+                "head -c 9437184 /dev/zero | tr '\\0' a > big && ln -s /proc/1 p \
+                 && ln -s /proc/self s && echo ran",
+            ])
+            .output()
+            .unwrap();
+        let ran = finish(who, out);
+        assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.err());
+        let files = ran.json["files"].as_object().unwrap();
+        assert_eq!(files.keys().collect::<Vec<_>>(), ["big"], "{who:?}");
+        let big = files["big"].as_str().unwrap();
+        assert_eq!(big.len(), CAP - "big".len() - 16, "{who:?}");
+        assert!(big.bytes().all(|b| b == b'a'));
+        assert_eq!(ran.json["files_truncated"], serde_json::json!(["big"]));
+        let error = ran.json["error"].as_str().unwrap_or_default();
+        assert!(error.contains("cap of 8388608 bytes"), "{who:?}: {error}");
+    }
+}
+
+/// An allowlisted host directory's submounts are read-only inside too: a writable tmpfs
+/// mounted under it on the host cannot be written from a job (EROFS), and the host file is
+/// unchanged. The host mount is made in a private mount namespace of the test's own.
+#[test]
+fn submounts_of_allowlisted_directories_are_read_only() {
+    if !is_root() {
+        forkbox_queue::skip::skipped("mounting a tmpfs needs host root");
+        return;
+    }
+    // Not under /tmp, which is the job's own disk inside.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let mut allow: Vec<String> = forkbox::sandbox::DEFAULT_ALLOWLIST
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    allow.push(dir.path().display().to_string());
+    for who in identities() {
+        let forkbox = match who {
+            Identity::Root => BIN.to_owned(),
+            Identity::Unprivileged => {
+                format!("runuser -u nobody -- {}", unprivileged_bin().display())
+            }
+        };
+        let sub = sub.display();
+        let job = format!("echo job > {sub}/f; echo job > {sub}/new; mkdir {sub}/d; cat {sub}/f");
+        let script = format!(
+            "mount -t tmpfs -o mode=0777 tmpfs {sub} && echo host > {sub}/f && chmod 666 {sub}/f \
+             && {forkbox} run --json --allow {} -c '{job}' && echo '--host--' && cat {sub}/f \
+             && ls {sub}",
+            allow.join(",")
+        );
+        let out = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let (json, host) = stdout.split_once("--host--\n").unwrap_or_else(|| {
+            panic!("{who:?}: {stdout} {}", String::from_utf8_lossy(&out.stderr))
+        });
+        let job: Value = serde_json::from_str(json).unwrap();
+        assert_eq!(job["stdout"], "host\n", "{who:?}: {job}");
+        let stderr = job["stderr"].as_str().unwrap();
+        assert_eq!(
+            stderr.matches("Read-only file system").count(),
+            3,
+            "{who:?}: {stderr}"
+        );
+        assert_eq!(host, "host\nf\n", "{who:?}: the host's submount changed");
+    }
+}
+
+/// The job's disk caps inodes as well as bytes: empty files, which take no page, run out at
+/// one inode per 4 KiB page of the disk, with the node's disk and with a job's own size.
+#[test]
+fn the_disk_caps_inodes() {
+    let program = "import os\n\
+                   n = 0\n\
+                   try:\n\
+                   \x20   while n < 40000:\n\
+                   \x20       os.close(os.open(f'/tmp/f{n}', os.O_CREAT | os.O_WRONLY)); n += 1\n\
+                   except OSError as e:\n\
+                   \x20   print(n, e.strerror)\n";
+    for who in identities() {
+        for (opts, inodes) in [(&["--disk-mb", "1"][..], 256), (&[][..], 64 * 256)] {
+            let ran = python_prog(who, opts, program);
+            let (created, why) = ran
+                .stdout()
+                .trim()
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("{who:?} {opts:?}: {} {}", ran.stdout(), ran.err()));
+            let created: u64 = created.parse().unwrap();
+            assert_eq!(why, "No space left on device", "{who:?} {opts:?}");
+            // The skeleton of the root (mount points, /dev) takes a few of them.
+            assert!(
+                created < inodes && created > inodes - 64,
+                "{who:?} {opts:?}: {created} files"
+            );
+        }
+    }
+}
+
+/// Plain `run` passes the job's output through a pipe byte for byte, escape sequences
+/// included; on a terminal, the same bytes are shown, not obeyed, unless `--raw`.
+#[test]
+fn output_is_exact_through_pipes_and_shown_on_a_terminal() {
+    let shell = r"printf '\033[31mred\033[0m\a\r\302\233x\342\200\256'; printf '\033]0;t\a' >&2";
+    let expected_out = "\x1b[31mred\x1b[0m\x07\r\u{9b}x\u{202e}";
+    for who in identities() {
+        let out = command(who).args(["run", "-c", shell]).output().unwrap();
+        assert_eq!(out.stdout, expected_out.as_bytes(), "{who:?}");
+        assert_eq!(out.stderr, b"\x1b]0;t\x07", "{who:?}");
+    }
+    if Command::new("script").arg("--version").output().is_err() {
+        forkbox_queue::skip::skipped("terminal variant (no `script` to give forkbox a terminal)");
+        return;
+    }
+    let on_terminal = |extra: &str| {
+        let cmd = format!("{BIN} run {extra} -c \"{}\"", shell.replace('"', "\\\""));
+        let out = Command::new("script")
+            .args(["-qec", &cmd, "/dev/null"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        out.stdout
+    };
+    let shown = on_terminal("");
+    let text = String::from_utf8_lossy(&shown);
+    assert!(!shown.contains(&0x1b) && !shown.contains(&0x07), "{text:?}");
+    assert!(
+        text.contains("^[[31mred^[[0m^G^MM-^[x<U+202E>") && text.contains("^[]0;t^G"),
+        "{text:?}"
+    );
+    let raw = on_terminal("--raw");
+    assert!(
+        raw.windows(5).any(|w| w == b"\x1b[31m"),
+        "{:?}",
+        String::from_utf8_lossy(&raw)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
 // 2. Limits
 
 #[test]
@@ -447,9 +616,82 @@ fn cpu_limit_kills_a_busy_loop() {
             "while :; do :; done",
         );
         assert_eq!(ran.status(), "cpu_limit", "{who:?}");
-        assert_eq!(ran.json["signal"], libc::SIGXCPU);
-        assert_eq!(ran.code, 128 + libc::SIGXCPU);
+        // SIGXCPU from RLIMIT_CPU, or SIGKILL from the sandbox's CPU budget (whichever
+        // mechanism keeps the job's time, and whichever comes first).
+        let signal = ran.json["signal"].as_i64().unwrap() as i32;
+        assert!(
+            [libc::SIGXCPU, libc::SIGKILL].contains(&signal),
+            "{who:?}: {signal}"
+        );
+        assert_eq!(ran.code, 128 + signal);
         assert!(ran.json["cpu_ms"].as_u64().unwrap() >= 500);
+    }
+}
+
+/// `cpu_ms` is one budget for all the job's processes, not one each: three children that each
+/// burn 0.9 s of CPU against a 1 s limit are stopped before all of them finish.
+#[test]
+fn cpu_time_is_one_budget_for_every_process() {
+    let program = "import os, time\n\
+                   for _ in range(3):\n\
+                   \x20   if os.fork() == 0:\n\
+                   \x20       t = time.process_time()\n\
+                   \x20       while time.process_time() - t < 0.9: pass\n\
+                   \x20       print('done', flush=True); os._exit(0)\n\
+                   for _ in range(3): os.wait()\n";
+    for who in identities() {
+        let ran = python_prog(who, &["--cpu-ms", "1000", "--timeout-ms", "30000"], program);
+        assert_eq!(
+            ran.status(),
+            "cpu_limit",
+            "{who:?}: {} {}",
+            ran.stdout(),
+            ran.err()
+        );
+        assert!(
+            ran.stdout().matches("done").count() < 3,
+            "{who:?}: {}",
+            ran.stdout()
+        );
+        assert!(ran.json["cpu_ms"].as_u64().unwrap() >= 1000, "{who:?}");
+    }
+}
+
+/// Children nobody waits for (their parent ignores SIGCHLD, so the kernel reaps them and drops
+/// their CPU time from every counter) still count: twelve pairs of 0.25 s children against a
+/// 1 s budget are stopped before they all run.
+#[test]
+fn cpu_time_of_children_never_waited_for_counts() {
+    let program = "import os, signal, time\n\
+                   signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n\
+                   for batch in range(12):\n\
+                   \x20   pids = []\n\
+                   \x20   for _ in range(2):\n\
+                   \x20       pid = os.fork()\n\
+                   \x20       if pid == 0:\n\
+                   \x20           t = time.process_time()\n\
+                   \x20           while time.process_time() - t < 0.25: pass\n\
+                   \x20           os._exit(0)\n\
+                   \x20       pids.append(pid)\n\
+                   \x20   for pid in pids:\n\
+                   \x20       while True:\n\
+                   \x20           try: os.kill(pid, 0); time.sleep(0.01)\n\
+                   \x20           except ProcessLookupError: break\n\
+                   \x20   print('batch', flush=True)\n";
+    for who in identities() {
+        let ran = python_prog(who, &["--cpu-ms", "1000", "--timeout-ms", "60000"], program);
+        assert_eq!(
+            ran.status(),
+            "cpu_limit",
+            "{who:?}: {} {}",
+            ran.stdout(),
+            ran.err()
+        );
+        assert!(
+            ran.stdout().matches("batch").count() < 12,
+            "{who:?}: {}",
+            ran.stdout()
+        );
     }
 }
 
@@ -627,6 +869,72 @@ fn stdin_env_files_and_collect_round_trip() {
     }
 }
 
+/// The program's stdin is a memfd, opened read-write like every memfd. It is sealed, so a job
+/// cannot grow it into memory that none of its limits count, or change what it was given.
+#[test]
+fn stdin_cannot_be_written_or_grown() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let input = dir.path().join("input.txt");
+    std::fs::write(&input, "given\n").unwrap();
+    let probe = r#"import os
+for what, call in [('write', lambda: os.write(0, b'x' * 65536)),
+                   ('pwrite', lambda: os.pwrite(0, b'x', 1 << 20)),
+                   ('grow', lambda: os.ftruncate(0, 4096)),
+                   ('shrink', lambda: os.ftruncate(0, 0)),
+                   ('reopen', lambda: os.write(os.open('/proc/self/fd/0', os.O_WRONLY), b'x'))]:
+    try:
+        call()
+        print(what, 'ok')
+    except OSError as e:
+        print(what, e.errno)
+print(os.pread(0, 100, 0).decode().strip(), os.fstat(0).st_size)
+"#;
+    for who in identities() {
+        let out = command(who)
+            .args(["run", "--json", "--stdin-file", input.to_str().unwrap()])
+            .args(["--", "python3", "-c", probe])
+            .output()
+            .unwrap();
+        let ran = finish(who, out);
+        assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.err());
+        let eperm = libc::EPERM;
+        assert_eq!(
+            ran.stdout(),
+            format!("write {eperm}\npwrite {eperm}\ngrow {eperm}\nshrink {eperm}\nreopen {eperm}\ngiven 6\n"),
+            "{who:?}"
+        );
+    }
+}
+
+/// A job starts with every signal at its default disposition and none blocked, as a program
+/// started from a shell does: the node ignores SIGPIPE, and ignored signals survive exec.
+#[test]
+fn programs_start_with_default_signal_dispositions() {
+    for who in identities() {
+        let ran = run_json(
+            who,
+            &[],
+            "yes | head -1; grep -E '^Sig(Ign|Blk)' /proc/self/status",
+        );
+        assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.err());
+        assert_eq!(
+            ran.stdout(),
+            "y\nSigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n",
+            "{who:?}"
+        );
+        assert_eq!(
+            ran.err(),
+            "",
+            "{who:?}: `yes` must die of SIGPIPE, not see EPIPE"
+        );
+    }
+}
+
 fn engine(slots: usize) -> Engine {
     Engine::start(EngineConfig {
         zygote_exe: BIN.into(),
@@ -777,69 +1085,93 @@ async fn staging_left_by_a_killed_process_is_removed_by_the_next_engine() {
     assert!(!runtime.path().join(&own[0]).exists(), "{:?}", listing());
 }
 
-/// Prints the job's network namespace cookie (unique for the kernel's lifetime, unlike its
-/// inode number), then whatever `extra` prints.
+/// What a job sees of its network namespace: its cookie (unique for the kernel's lifetime,
+/// unlike its inode number), and the namespace's counters and tables before and after `extra`
+/// (not `sockstat`, whose TCP and UDP memory figures are machine-wide).
 fn netns_probe(extra: &str) -> Job {
     let program = format!(
-        "import socket\n\
+        "import json, socket, struct\n\
+         TABLES = ['snmp', 'snmp6', 'netstat', 'ip6_flowlabel', 'dev', 'tcp', 'tcp6', 'udp', 'udp6', 'raw', 'sockstat6']\n\
+         def tables():\n    return {{t: open('/proc/net/' + t).read() for t in TABLES}}\n\
+         out = {{'before': tables()}}\n\
+         {extra}\n\
+         out['after'] = tables()\n\
          with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:\n    \
-             print(int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), 'little'))\n\
-         {extra}"
+             out['cookie'] = int.from_bytes(s.getsockopt(socket.SOL_SOCKET, 71, 8), 'little')\n\
+         print(json.dumps(out))"
     );
     Job::argv(["python3", "-c", &program])
 }
 
+/// Leaves state in its network namespace without a packet leaving it or a socket outliving
+/// the job: datagrams to an unroutable address (ENETUNREACH), an IPv6 flow label that lingers
+/// after its socket is closed, a TCP connection left in TIME_WAIT over loopback.
+const NETNS_RESIDUE: &str = "\
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+unreachable = 0
+for _ in range(4242):
+    try:
+        s.sendto(b'x', ('203.0.113.1', 9))
+    except OSError as e:
+        unreachable += e.errno == 101
+s.close()
+out['unreachable'] = unreachable
+s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+req = bytes(16) + struct.pack('!I', 0x12345) + struct.pack('=BBHHHI', 0, 1, 1, 60, 60, 0)
+try:
+    s6.setsockopt(41, 32, req)
+    out['flowlabel'] = 'created'
+except OSError as e:
+    out['flowlabel'] = e.errno
+s6.close()
+srv = socket.create_server(('127.0.0.1', 8000))
+cli = socket.create_connection(('127.0.0.1', 8000))
+conn, _ = srv.accept()
+cli.sendall(b'x'); conn.recv(1)
+cli.close(); conn.close(); srv.close()";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn network_namespaces_are_reused_only_when_untouched() {
+async fn no_network_namespace_is_handed_to_a_second_sandbox() {
     let engine = tokio::task::spawn_blocking(|| engine(1)).await.unwrap();
-    let cookie = |out: &forkbox_queue::schema::Outcome| -> u64 {
+    let probe = |out: &forkbox_queue::schema::Outcome| -> Value {
         assert_eq!(out.status, Status::Ok, "{:?} {}", out.error, out.stderr);
-        out.stdout.lines().next().unwrap().parse().unwrap()
+        serde_json::from_str(out.stdout.trim()).unwrap()
     };
-    // Jobs that send nothing leave their namespace as it was: it is handed out again.
-    let mut quiet = Vec::new();
-    for _ in 0..6 {
-        quiet.push(cookie(&engine.run(&netns_probe("")).await));
+    let mut cookies = HashSet::new();
+    // What a fresh namespace shows, from a job that does nothing with it.
+    let first = probe(&engine.run(&netns_probe("")).await);
+    let pristine = first["before"].clone();
+    assert!(cookies.insert(first["cookie"].as_u64().unwrap()));
+    let noisy = probe(&engine.run(&netns_probe(NETNS_RESIDUE)).await);
+    assert!(cookies.insert(noisy["cookie"].as_u64().unwrap()));
+    assert_eq!(noisy["before"], pristine, "a job's namespace was not fresh");
+    // The residue is real: the job's own tables show it.
+    assert_eq!(noisy["unreachable"], 4242, "{noisy}");
+    let snmp = noisy["after"]["snmp"].as_str().unwrap();
+    assert_ne!(snmp, pristine["snmp"].as_str().unwrap());
+    if noisy["flowlabel"] == "created" {
+        let labels = noisy["after"]["ip6_flowlabel"].as_str().unwrap();
+        assert!(labels.contains("12345"), "{labels}");
+    } else {
+        forkbox_queue::skip::skipped(format!("IPv6 flow labels ({})", noisy["flowlabel"]));
     }
-    let distinct: HashSet<u64> = quiet.iter().copied().collect();
-    assert!(
-        distinct.len() < quiet.len(),
-        "no namespace reused: {quiet:?}"
-    );
-    // A job that talks over loopback and leaves a connection in TIME_WAIT.
-    let noisy = engine
-        .run(&netns_probe(
-            "srv = socket.create_server(('127.0.0.1', 8000))\n\
-             cli = socket.create_connection(('127.0.0.1', 8000))\n\
-             conn, _ = srv.accept()\n\
-             cli.sendall(b'x'); conn.recv(1)\n\
-             cli.close(); conn.close(); srv.close()\n\
-             print(open('/proc/net/tcp').read().count('\\n') - 1)",
-        ))
-        .await;
-    let noisy_cookie = cookie(&noisy);
-    let lingering: usize = noisy.stdout.lines().nth(1).unwrap().parse().unwrap();
-    assert!(
-        lingering > 0,
-        "the probe left no TCP state: {}",
-        noisy.stdout
-    );
-    // Its namespace is never seen again, and nothing of it shows in the next sandboxes: no TCP
-    // entry, and the port binds without SO_REUSEADDR.
-    for _ in 0..6 {
-        let out = engine
-            .run(&netns_probe(
-                "print(open('/proc/net/tcp').read().count('\\n') - 1)\n\
-                 s = socket.socket(); s.bind(('127.0.0.1', 8000)); s.close(); print('bound')",
-            ))
-            .await;
-        assert_ne!(
-            cookie(&out),
-            noisy_cookie,
-            "a used namespace was handed out again"
+    // Every later job, quiet or noisy, starts in a namespace of its own, as pristine as the
+    // first, and can bind the port left in TIME_WAIT without SO_REUSEADDR.
+    for i in 0..6 {
+        let extra = if i % 2 == 0 {
+            "b = socket.socket(); b.bind(('127.0.0.1', 8000)); b.close(); out['bound'] = True"
+        } else {
+            NETNS_RESIDUE
+        };
+        let out = probe(&engine.run(&netns_probe(extra)).await);
+        assert!(
+            cookies.insert(out["cookie"].as_u64().unwrap()),
+            "a network namespace was handed out again"
         );
-        let rest: Vec<&str> = out.stdout.lines().skip(1).collect();
-        assert_eq!(rest, ["0", "bound"], "{}", out.stderr);
+        assert_eq!(out["before"], pristine, "job {i} inherited network state");
+        if i % 2 == 0 {
+            assert_eq!(out["bound"], true);
+        }
     }
 }
 
@@ -868,6 +1200,36 @@ async fn two_hundred_sandboxes_eight_at_a_time_keep_their_outputs_apart() {
         seen.insert(i);
     }
     assert_eq!(seen.len(), 200);
+}
+
+/// Past the output cap the sandbox is killed, and until the kill lands its stdout stays open:
+/// a program that keeps writing never sees EPIPE, so nothing it would say about a closed
+/// stdout reaches its stderr. Repeated, since the kill and the program's next write race.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_output_cap_stdout_is_never_closed_before_the_kill() {
+    let engine = tokio::task::spawn_blocking(|| engine(2)).await.unwrap();
+    let program = "import sys\n\
+        try:\n\
+        \x20   while True:\n\
+        \x20       sys.stdout.write('x' * 4096)\n\
+        \x20       sys.stdout.flush()\n\
+        except BaseException as e:\n\
+        \x20   sys.stderr.write('write failed: %r\\n' % e)\n\
+        \x20   sys.stderr.flush()\n";
+    let job = Job {
+        limits: Limits {
+            output_bytes: Some(10_000),
+            ..Limits::default()
+        },
+        timeout_ms: Some(10_000),
+        ..Job::argv(["python3", "-c", program])
+    };
+    for i in 0..40 {
+        let out = engine.run(&job).await;
+        assert_eq!(out.status, Status::OutputLimit, "{i}: {:?}", out.error);
+        assert_eq!(out.stdout.len(), 10_000, "{i}");
+        assert_eq!(out.stderr, "", "{i}: the program saw its stdout closed");
+    }
 }
 
 /// The cgroup path, on a fake cgroupfs tree: this host mounts cgroup v2 without delegating its
@@ -1117,7 +1479,9 @@ fn failed_isolation_step_fails_closed() {
         .unwrap()
         .1;
     if hard >= 1 << 20 {
-        println!("SKIPPED: fail-closed rlimit check (host NOFILE hard limit {hard} is at the job maximum)");
+        forkbox_queue::skip::skipped(format!(
+            "fail-closed rlimit check (host NOFILE hard limit {hard} is at the job maximum)"
+        ));
         return;
     }
     for who in identities() {
@@ -1127,6 +1491,10 @@ fn failed_isolation_step_fails_closed() {
                 "run",
                 "--json",
                 "--open-files",
+                &(1u64 << 20).to_string(),
+                // Above the node's default maximum, which would refuse the job before any
+                // sandbox step is tried.
+                "--max-open-files",
                 &(1u64 << 20).to_string(),
                 "-c",
                 &format!("echo ran; touch {marker}"),

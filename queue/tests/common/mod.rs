@@ -24,15 +24,17 @@ pub fn ok_result(d: &Delivery, stdout: &str, worker: &str) -> JobResult {
     outcome.error = None;
     outcome.stdout = stdout.to_owned();
     JobResult {
-        id: d.id.clone(),
-        outcome,
-        attempt: d.deliveries as u32,
-        worker: worker.to_owned(),
         batch: d.job.as_ref().ok().and_then(|j| j.batch.clone()),
+        ..JobResult::new(
+            d.id.clone(),
+            outcome,
+            d.deliveries as u32,
+            worker.to_owned(),
+        )
     }
 }
 
-pub async fn conn(q: &Queue) -> forkbox_queue::redis::aio::ConnectionManager {
+pub async fn conn(q: &Queue) -> forkbox_queue::Connection {
     q.broker().connection()
 }
 

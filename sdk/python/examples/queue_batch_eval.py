@@ -1,6 +1,6 @@
 """Batch evaluation on the cluster: submit many programs to the Redis queue, collect results.
 
-Needs Redis and at least one `forkbox worker`; set FORKBOX_REDIS (default redis://127.0.0.1:6379).
+Needs Redis and at least one `forkbox worker`; set FORKBOX_REDIS_URL (default redis://127.0.0.1:6379).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from forkbox import Queue
 
 
 def main() -> None:
-    q = Queue(os.environ.get("FORKBOX_REDIS", "redis://127.0.0.1:6379"))
+    q = Queue()  # $FORKBOX_REDIS_URL, else redis://127.0.0.1:6379
     programs = {f"sq-{n}": f"assert {n} * {n} == {n * n}; print({n} ** 2)" for n in range(50)}
     programs["sq-wrong"] = "assert 2 * 2 == 5"
     jobs = [{"id": f"{key}-{os.getpid()}", "argv": ["python3", "-c", src], "timeout_ms": 5000} for key, src in programs.items()]

@@ -49,10 +49,12 @@ def test_result_timeout(worker: str) -> None:
 
 def test_rejected_job_through_the_queue(worker: str) -> None:
     q = Queue(worker)
-    job_id = q.submit({"cmd": "true", "limits": {"pids": 0}})
+    # Out-of-range limits are refused by submit itself (test_queue_enqueue.py); a file whose
+    # directory is also a file is left to the worker.
+    job_id = q.submit({"cmd": "true", "files": {"a": "x", "a/b": "y"}})
     with pytest.raises(JobRejected) as e:
         q.result(job_id, timeout=60)
-    assert "pids" in e.value.reason
+    assert "files.a/b" in e.value.reason
 
 
 def test_map_keeps_concurrency_and_yields_all(worker: str) -> None:
@@ -118,7 +120,7 @@ def test_humaneval_164_pass(worker: str) -> None:
 
 
 def test_queue_example_runs(worker: str) -> None:
-    env = dict(os.environ, FORKBOX_REDIS=worker)
+    env = dict(os.environ, FORKBOX_REDIS_URL=worker)
     out = subprocess.run(
         [sys.executable, str(SDK_DIR / "examples" / "queue_batch_eval.py")],
         env=env, capture_output=True, text=True, timeout=180,

@@ -13,7 +13,7 @@ use forkbox_queue::{CancelEvent, Queue};
 use tokio::sync::{watch, Notify};
 
 use crate::node::health::{Backoff, RedisHealth};
-use crate::node::worker::StopLevel;
+use crate::node::stop::StopLevel;
 
 type Key = (String, String);
 

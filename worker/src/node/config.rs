@@ -1,17 +1,15 @@
-//! Node configuration: resolved settings ([`NodeConfig`]) and the TOML file ([`FileConfig`]).
+//! Node configuration: the resolved settings ([`NodeConfig`]), their defaults and checks.
 //!
-//! Each setting comes from, in order of precedence: the command-line flag, its environment
-//! variable (`FORKBOX_REDIS_URL`, `FORKBOX_QUEUES`, `FORKBOX_SLOTS`, `FORKBOX_METRICS_ADDR`, ...),
-//! the TOML file given with `--config`, and the built-in default. The file uses the flags'
-//! names with underscores (`redis`, `queues`, `slots`, `prefetch`, `metrics_addr`, `grace`,
-//! `visibility_timeout_ms`, `max_attempts`, `name`, ...); unknown keys are rejected.
+//! The defaults are named here once ([`NodeConfig::new`], with the queue's in `QueueConfig`
+//! and the job maximums in `JobCeilings`). The `forkbox` binary builds a `NodeConfig` from
+//! its one settings type, flags and environment over the `--config` file over these defaults.
+//! A job asking for more than the maximums is dead-lettered as `invalid`.
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::Duration;
 
-use forkbox_queue::QueueConfig;
-use serde::Deserialize;
+use forkbox_queue::schema::{MAX_ATTEMPTS, MAX_RESULT_TTL_S};
+use forkbox_queue::{Endpoint, JobCeilings, QueueConfig};
 
 use crate::node::error::NodeError;
 
@@ -25,9 +23,14 @@ pub const DEFAULT_GRACE_S: f64 = 30.0;
 /// Everything a [`Node`](crate::node::Node) needs besides its engine.
 #[derive(Debug, Clone)]
 pub struct NodeConfig {
+    /// One Redis URL, or with `cluster` the comma-separated seed URLs of a Redis Cluster.
     pub redis_url: String,
+    /// Whether `redis_url` names a Redis Cluster's seed nodes.
+    pub cluster: bool,
     /// Queues in priority order, highest first.
     pub queues: Vec<String>,
+    /// Partitions of each queue (1: the v1 layout); must match the queues' meta keys.
+    pub partitions: usize,
     /// Jobs run at once.
     pub slots: usize,
     /// Entries read ahead of a free slot, so a slot that frees up starts its next job without
@@ -46,6 +49,14 @@ pub struct NodeConfig {
     pub block_ms: u64,
     /// How often `forkbox_queue_lag` is refreshed.
     pub lag_interval: Duration,
+    /// The most a job may ask for (limits, `timeout_ms`, `max_attempts`, `result_ttl_s`);
+    /// the engine refuses a job asking for more as `invalid`.
+    pub ceilings: JobCeilings,
+    /// Cap on the bytes of the files one job collects.
+    pub collect_max_bytes: u64,
+    /// Serve from a Redis whose `maxmemory-policy` is not `noeviction` (it may evict job
+    /// streams and results); refused without it.
+    pub allow_eviction: bool,
 }
 
 impl NodeConfig {
@@ -53,8 +64,10 @@ impl NodeConfig {
     pub fn new(redis_url: impl Into<String>) -> NodeConfig {
         NodeConfig {
             redis_url: redis_url.into(),
+            cluster: false,
             queues: vec![DEFAULT_QUEUE.to_owned()],
-            slots: default_slots(),
+            partitions: 1,
+            slots: crate::sandbox::default_slots(),
             prefetch: 0,
             name: default_name(),
             metrics_addr: None,
@@ -62,7 +75,15 @@ impl NodeConfig {
             queue: QueueConfig::default(),
             block_ms: 1000,
             lag_interval: Duration::from_secs(5),
+            ceilings: JobCeilings::default(),
+            collect_max_bytes: crate::sandbox::EngineConfig::default().collect_max_bytes,
+            allow_eviction: false,
         }
+    }
+
+    /// Where Redis is: `redis_url` read as one URL, or as cluster seeds.
+    pub fn endpoint(&self) -> Result<Endpoint, forkbox_queue::QueueError> {
+        Endpoint::parse(&self.redis_url, self.cluster)
     }
 
     /// Rejects settings the node cannot work with.
@@ -73,6 +94,19 @@ impl NodeConfig {
                 message: message.to_owned(),
             })
         };
+        let urls = match self.endpoint() {
+            Ok(Endpoint::Single(url)) => vec![url],
+            Ok(Endpoint::Cluster(seeds)) => seeds,
+            Err(e) => return bad("redis", &e.to_string()),
+        };
+        for url in &urls {
+            if let Err(message) = check_redis_url(url) {
+                return Err(NodeError::Setting {
+                    setting: "redis",
+                    message,
+                });
+            }
+        }
         if self.slots == 0 {
             return bad("slots", "must be at least 1");
         }
@@ -87,6 +121,16 @@ impl NodeConfig {
                 });
             }
         }
+        if self.partitions == 0 || self.partitions > forkbox_queue::keys::MAX_PARTITIONS {
+            return Err(NodeError::Setting {
+                setting: "partitions",
+                message: format!(
+                    "must be 1 to {}, not {}",
+                    forkbox_queue::keys::MAX_PARTITIONS,
+                    self.partitions
+                ),
+            });
+        }
         if self.queue.visibility_timeout_ms < 300 {
             return bad(
                 "visibility_timeout_ms",
@@ -96,6 +140,28 @@ impl NodeConfig {
         if self.queue.max_attempts == 0 {
             return bad("max_attempts", "must be at least 1");
         }
+        let c = &self.ceilings;
+        if c.max_attempts == 0 || c.max_attempts > MAX_ATTEMPTS {
+            return bad(
+                "max_job_attempts",
+                &format!("must be between 1 and {MAX_ATTEMPTS}"),
+            );
+        }
+        if c.result_ttl_s == 0 || c.result_ttl_s > MAX_RESULT_TTL_S {
+            return bad(
+                "max_result_ttl_s",
+                &format!("must be between 1 and {MAX_RESULT_TTL_S}"),
+            );
+        }
+        if self.queue.result_ttl_s == 0 {
+            return bad("result_ttl_s", "must be at least 1");
+        }
+        if !(MIN_RESULT_BYTES..=MAX_RESULT_BYTES).contains(&self.queue.max_result_bytes) {
+            return bad(
+                "max_result_bytes",
+                &format!("must be between {MIN_RESULT_BYTES} and {MAX_RESULT_BYTES}"),
+            );
+        }
         if self.name.is_empty() || self.name.contains(|c: char| c.is_whitespace()) {
             return bad("name", "must be non-empty without spaces");
         }
@@ -103,12 +169,11 @@ impl NodeConfig {
     }
 }
 
-/// One slot per CPU.
-pub fn default_slots() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-}
+/// Smallest `max_result_bytes`: room for a result's fields besides the output.
+pub const MIN_RESULT_BYTES: usize = 64 * 1024;
+/// Largest `max_result_bytes`: Redis' default `proto-max-bulk-len` (512 MiB) less room for the
+/// other arguments of a completion.
+pub const MAX_RESULT_BYTES: usize = 511 * 1024 * 1024;
 
 /// `<hostname>-<pid>`: differs between hosts and between processes of one host.
 pub fn default_name() -> String {
@@ -124,90 +189,44 @@ pub fn default_name() -> String {
     format!("{host}-{}", std::process::id())
 }
 
-/// The `--config` file. Every key is optional.
-#[derive(Debug, Default, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct FileConfig {
-    pub redis: Option<String>,
-    pub queues: Option<QueueList>,
-    pub slots: Option<usize>,
-    pub prefetch: Option<usize>,
-    pub metrics_addr: Option<SocketAddr>,
-    /// Seconds.
-    pub grace: Option<f64>,
-    pub visibility_timeout_ms: Option<u64>,
-    pub max_attempts: Option<u32>,
-    pub name: Option<String>,
-    pub max_job_bytes: Option<usize>,
-    pub result_ttl_s: Option<u64>,
-    pub results_maxlen: Option<u64>,
-    /// See `QueueConfig::skip_completed_on_read`.
-    pub skip_completed_on_read: Option<bool>,
-}
-
-/// `queues = "high,default"` or `queues = ["high", "default"]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(untagged)]
-pub enum QueueList {
-    Joined(String),
-    List(Vec<String>),
-}
-
-impl QueueList {
-    pub fn into_vec(self) -> Vec<String> {
-        match self {
-            QueueList::Joined(s) => split_queues(&s),
-            QueueList::List(v) => v,
-        }
+/// The URL without its password, for logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
     }
 }
 
-/// `high, default` → `["high", "default"]`.
-pub fn split_queues(s: &str) -> Vec<String> {
-    s.split(',')
-        .map(str::trim)
-        .filter(|q| !q.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
+/// URL schemes the Redis client understands.
+const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 
-impl FileConfig {
-    pub fn load(path: &Path) -> Result<FileConfig, NodeError> {
-        let text = std::fs::read_to_string(path).map_err(|source| NodeError::ReadConfig {
-            path: path.to_owned(),
-            source,
-        })?;
-        FileConfig::parse(&text).map_err(|message| NodeError::ParseConfig {
-            path: path.to_owned(),
-            message,
-        })
+/// Refuses a Redis URL the client cannot use, saying why in words (the client library's own
+/// message for an `http://` URL is "did not parse- InvalidClientConfig").
+pub fn check_redis_url(url: &str) -> Result<(), String> {
+    let shown = redact(url);
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(format!(
+            "{shown:?} is not a Redis URL; write redis://HOST:PORT[/DB], rediss://HOST:PORT or \
+             redis+unix:///PATH"
+        ));
+    };
+    if !REDIS_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str()) {
+        return Err(format!(
+            "{shown}: the scheme {scheme}:// is not Redis's; use redis://, rediss:// (TLS) or \
+             redis+unix:// (a socket)"
+        ));
     }
-
-    pub fn parse(text: &str) -> Result<FileConfig, String> {
-        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())
+    if rest.is_empty() {
+        return Err(format!("{shown}: names no host or socket"));
     }
+    forkbox_queue::redis::Client::open(url)
+        .map(drop)
+        .map_err(|e| format!("{shown} is not a valid Redis URL ({e})"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn file_keys_parse_and_unknown_keys_are_rejected() {
-        let c = FileConfig::parse(
-            "redis = \"redis://r:1/\"\nqueues = \"high, default\"\nslots = 3\n\
-             metrics_addr = \"127.0.0.1:0\"\ngrace = 2.5\nvisibility_timeout_ms = 5000\n",
-        )
-        .unwrap();
-        assert_eq!(c.redis.as_deref(), Some("redis://r:1/"));
-        assert_eq!(c.queues.unwrap().into_vec(), ["high", "default"]);
-        assert_eq!(c.slots, Some(3));
-        assert_eq!(c.grace, Some(2.5));
-        let c = FileConfig::parse("queues = [\"a\", \"b\"]").unwrap();
-        assert_eq!(c.queues.unwrap().into_vec(), ["a", "b"]);
-        let e = FileConfig::parse("slot = 3").unwrap_err();
-        assert!(e.contains("unknown field `slot`"), "{e}");
-    }
 
     #[test]
     fn default_name_carries_the_pid() {
@@ -223,5 +242,25 @@ mod tests {
         c.queues = vec!["a".into()];
         c.slots = 0;
         assert!(c.validate().unwrap_err().to_string().contains("slots"));
+        c.slots = 1;
+        c.ceilings.max_attempts = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_job_attempts"));
+        c.ceilings.max_attempts = 10;
+        c.queue.max_result_bytes = 10;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_result_bytes"));
+    }
+
+    #[test]
+    fn redact_hides_the_password() {
+        assert_eq!(redact("redis://:pw@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
     }
 }

@@ -4,7 +4,6 @@
 //! [`crate::node::health`]). These are the faults an operator must fix.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 
 use forkbox_queue::QueueError;
 
@@ -13,14 +12,6 @@ use forkbox_queue::QueueError;
 pub enum NodeError {
     #[error("the sandbox zygote exited; the node stopped so that its supervisor restarts it")]
     SandboxGone,
-    #[error("reading config file {path}: {source}")]
-    ReadConfig {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path}: {message}")]
-    ParseConfig { path: PathBuf, message: String },
     #[error("invalid setting {setting}: {message}")]
     Setting {
         setting: &'static str,
@@ -47,8 +38,15 @@ pub enum NodeError {
         source: std::io::Error,
     },
     #[error(
-        "{count} finished result(s) could not be stored before exit; their entries stay pending \
-         and will run again"
+        "{count} finished result(s) could not be stored before exit (queue/id: {jobs}); their \
+         entries stay pending and will run again"
     )]
-    Unflushed { count: usize },
+    Unflushed { count: usize, jobs: String },
+    #[error(
+        "Redis runs with maxmemory-policy {policy}: at its memory limit it evicts keys, job \
+         streams and results included, and jobs vanish unrun. Set `maxmemory-policy \
+         noeviction` (redis.conf, or CONFIG SET), or start the node with --allow-eviction to \
+         accept the loss"
+    )]
+    EvictionPolicy { policy: String },
 }

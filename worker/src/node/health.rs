@@ -3,16 +3,19 @@
 //! Every failed Redis call of the node goes through [`RedisHealth::failed`]: it counts
 //! `forkbox_redis_errors_total`, logs the first failure of an outage at `warn` (later ones at
 //! `debug`, so a long outage does not flood the log) and remembers when the outage began;
-//! [`RedisHealth::ok`] logs the recovery with the outage's length. [`Backoff`] spaces the
+//! [`RedisHealth::ok`] logs the recovery with the outage's length. While an outage lasts,
+//! [`probe`] PINGs Redis every [`PROBE_EVERY`], so the node notices the end of an outage (and
+//! `/healthz` says so) within that, even when no other call is due. [`Backoff`] spaces the
 //! retries of one loop.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use forkbox_queue::QueueError;
+use forkbox_queue::{Broker, QueueError};
 
-use crate::node::metrics as m;
+/// Counter of failed Redis calls. Named here, where it is counted, so that this module needs
+/// nothing of [`metrics`](crate::node::metrics), which reads [`RedisHealth`] for `/healthz`.
+pub const REDIS_ERRORS: &str = "forkbox_redis_errors_total";
 
 /// Whether Redis is currently failing for this node, and since when.
 #[derive(Debug, Default)]
@@ -23,7 +26,7 @@ pub struct RedisHealth {
 impl RedisHealth {
     /// Records a failed call. `what` says what the node was doing ("reading", "completing").
     pub fn failed(&self, what: &str, err: &QueueError) {
-        ::metrics::counter!(m::REDIS_ERRORS).increment(1);
+        ::metrics::counter!(REDIS_ERRORS).increment(1);
         let mut since = self.failing_since.lock().expect("health lock");
         if since.is_none() {
             *since = Some(Instant::now());
@@ -57,29 +60,38 @@ impl RedisHealth {
     }
 }
 
-/// Requests sent to Redis by the node (a pipeline counts once), for `forkbox bench queue`.
-/// Counted where the node calls the queue crate, from each call's documented round trips.
-#[derive(Debug, Clone, Default)]
-pub struct RoundTrips(Arc<AtomicU64>);
+/// How often [`probe`] checks Redis during an outage.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
 
-impl RoundTrips {
-    pub fn add(&self, n: u64) {
-        self.0.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(Ordering::Relaxed)
+/// While Redis is failing for the node, PINGs it every [`PROBE_EVERY`] and records the
+/// answer. Runs until aborted.
+pub async fn probe(broker: Broker, health: Arc<RedisHealth>) {
+    let mut tick = tokio::time::interval(PROBE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if health.outage().is_none() {
+            continue;
+        }
+        let pong: forkbox_queue::redis::RedisResult<String> = forkbox_queue::redis::cmd("PING")
+            .query_async(&mut broker.connection())
+            .await;
+        match pong {
+            Ok(_) => health.ok(),
+            Err(e) => tracing::debug!("Redis still unreachable: {e}"),
+        }
     }
 }
 
-/// Exponential back-off between retries of one loop: 50 ms doubling up to 5 s.
+/// Exponential back-off between retries of one loop: 50 ms doubling up to 2 s, each pause
+/// jittered down by up to half so that the nodes of a fleet do not retry in step.
 #[derive(Debug, Clone)]
 pub struct Backoff {
     next: Duration,
 }
 
 const BACKOFF_FIRST: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 impl Default for Backoff {
     fn default() -> Self {
@@ -90,11 +102,13 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The pause before the next retry; each call doubles the following one.
+    /// The pause before the next retry, between half the current step and the step; each
+    /// call doubles the following step.
     pub fn next_delay(&mut self) -> Duration {
-        let d = self.next;
+        let step = self.next;
         self.next = (self.next * 2).min(BACKOFF_MAX);
-        d
+        let unit = (uuid::Uuid::new_v4().as_u128() % 1024) as f64 / 1024.0;
+        step.mul_f64(0.5 + unit / 2.0)
     }
 
     /// Back to the shortest pause, after a success.
@@ -108,13 +122,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_doubles_up_to_the_cap_and_resets() {
+    fn backoff_doubles_up_to_the_cap_with_jitter_and_resets() {
         let mut b = Backoff::default();
-        let delays: Vec<_> = (0..10).map(|_| b.next_delay()).collect();
-        assert_eq!(delays[0], BACKOFF_FIRST);
-        assert_eq!(delays[1], BACKOFF_FIRST * 2);
-        assert_eq!(*delays.last().unwrap(), BACKOFF_MAX);
+        let delays: Vec<_> = (0..12).map(|_| b.next_delay()).collect();
+        let within = |d: Duration, step: Duration| d >= step / 2 && d <= step;
+        assert!(within(delays[0], BACKOFF_FIRST), "{delays:?}");
+        assert!(within(delays[1], BACKOFF_FIRST * 2), "{delays:?}");
+        assert!(delays.iter().all(|d| *d <= BACKOFF_MAX), "{delays:?}");
+        assert!(within(*delays.last().unwrap(), BACKOFF_MAX), "{delays:?}");
         b.reset();
-        assert_eq!(b.next_delay(), BACKOFF_FIRST);
+        assert!(within(b.next_delay(), BACKOFF_FIRST));
     }
 }

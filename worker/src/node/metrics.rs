@@ -18,22 +18,31 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::node::error::NodeError;
 use crate::node::health::RedisHealth;
+pub use crate::node::health::REDIS_ERRORS;
 
 pub const JOBS: &str = "forkbox_jobs_total";
 pub const JOB_DURATION: &str = "forkbox_job_duration_seconds";
 pub const SPAWN: &str = "forkbox_spawn_seconds";
 pub const SLOTS_BUSY: &str = "forkbox_slots_busy";
-pub const SLOTS_TOTAL: &str = "forkbox_slots_total";
+pub const SLOTS: &str = "forkbox_slots";
 pub const QUEUE_LAG: &str = "forkbox_queue_lag";
+pub const QUEUE_PENDING: &str = "forkbox_queue_pending";
+pub const QUEUE_WAIT: &str = "forkbox_queue_wait_seconds";
+pub const IN_FLIGHT: &str = "forkbox_jobs_in_flight";
+pub const DEAD_LETTER_LENGTH: &str = "forkbox_dead_letter_length";
+pub const BUILD_INFO: &str = "forkbox_build_info";
 pub const RECLAIMED: &str = "forkbox_reclaimed_total";
 pub const DEAD_LETTERS: &str = "forkbox_dead_letter_total";
-pub const REDIS_ERRORS: &str = "forkbox_redis_errors_total";
 pub const WATCHDOG_OVERSHOOT: &str = "forkbox_watchdog_overshoot_seconds";
 
 /// Job wall time: 1 ms to 10 min.
 const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
     300.0, 600.0,
+];
+/// Time in queue: 1 ms to 1 h.
+const WAIT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
 /// Spawn and watchdog overshoot: 50 µs to 1 s.
 const FINE_BUCKETS: &[f64] = &[
@@ -54,6 +63,8 @@ pub fn install() -> Result<PrometheusHandle, NodeError> {
         .set_buckets_for_metric(Matcher::Full(SPAWN.into()), FINE_BUCKETS)
         .map_err(err)?
         .set_buckets_for_metric(Matcher::Full(WATCHDOG_OVERSHOOT.into()), FINE_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(Matcher::Full(QUEUE_WAIT.into()), WAIT_BUCKETS)
         .map_err(err)?;
     let handle = builder.install_recorder().map_err(err)?;
     describe();
@@ -63,11 +74,37 @@ pub fn install() -> Result<PrometheusHandle, NodeError> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(JOBS, "Results stored by this node, by queue and status.");
-    describe_histogram!(JOB_DURATION, Unit::Seconds, "Wall time of each job.");
-    describe_histogram!(SPAWN, Unit::Seconds, "Sandbox spawn: request to execve.");
+    describe_histogram!(
+        JOB_DURATION,
+        Unit::Seconds,
+        "Wall time of each job, by queue."
+    );
+    describe_histogram!(
+        SPAWN,
+        Unit::Seconds,
+        "Sandbox spawn: request to execve, by queue."
+    );
+    describe_histogram!(
+        QUEUE_WAIT,
+        Unit::Seconds,
+        "Time in queue: from the job's stream entry to its start on this node, by queue."
+    );
     describe_gauge!(SLOTS_BUSY, "Jobs running now.");
-    describe_gauge!(SLOTS_TOTAL, "Concurrent jobs this node runs at most.");
+    describe_gauge!(SLOTS, "Concurrent jobs this node runs at most.");
+    describe_gauge!(
+        IN_FLIGHT,
+        "Entries this node holds: read and not yet acknowledged, by queue."
+    );
     describe_gauge!(QUEUE_LAG, "Entries not yet delivered to group workers.");
+    describe_gauge!(
+        QUEUE_PENDING,
+        "Entries delivered to some worker of the group and not yet acknowledged."
+    );
+    describe_gauge!(
+        DEAD_LETTER_LENGTH,
+        "Entries in the queue's dead-letter stream."
+    );
+    describe_gauge!(BUILD_INFO, "Always 1; the labels name the running build.");
     describe_counter!(
         RECLAIMED,
         "Entries taken over from dead or stuck consumers."
@@ -88,15 +125,20 @@ pub fn register(queues: &[String], slots: usize) {
             metrics::counter!(JOBS, "queue" => q.clone(), "status" => s.as_str()).absolute(0);
         }
         metrics::gauge!(QUEUE_LAG, "queue" => q.clone()).set(0.0);
+        metrics::gauge!(QUEUE_PENDING, "queue" => q.clone()).set(0.0);
+        metrics::gauge!(DEAD_LETTER_LENGTH, "queue" => q.clone()).set(0.0);
+        metrics::gauge!(IN_FLIGHT, "queue" => q.clone()).set(0.0);
+        metrics::counter!(RECLAIMED, "queue" => q.clone()).absolute(0);
+        metrics::counter!(DEAD_LETTERS, "queue" => q.clone()).absolute(0);
+        // Touching a histogram registers it; it renders with zero counts until the first sample.
+        let _ = metrics::histogram!(JOB_DURATION, "queue" => q.clone());
+        let _ = metrics::histogram!(SPAWN, "queue" => q.clone());
+        let _ = metrics::histogram!(QUEUE_WAIT, "queue" => q.clone());
     }
-    metrics::counter!(RECLAIMED).absolute(0);
-    metrics::counter!(DEAD_LETTERS).absolute(0);
     metrics::counter!(REDIS_ERRORS).absolute(0);
     metrics::gauge!(SLOTS_BUSY).set(0.0);
-    metrics::gauge!(SLOTS_TOTAL).set(slots as f64);
-    // Touching a histogram registers it; it renders with zero counts until the first sample.
-    let _ = metrics::histogram!(JOB_DURATION);
-    let _ = metrics::histogram!(SPAWN);
+    metrics::gauge!(SLOTS).set(slots as f64);
+    metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let _ = metrics::histogram!(WATCHDOG_OVERSHOOT);
 }
 
@@ -118,12 +160,15 @@ impl NodeStatus {
             return (503, "draining: finishing running jobs before exit\n".into());
         }
         match self.redis.outage() {
-            // Still healthy: the node is alive and will catch up by itself; restarting it
-            // would not bring Redis back.
+            // Still 200: the node is alive and resumes by itself within a couple of seconds of
+            // Redis answering again (a liveness probe must not restart it: that would not
+            // bring Redis back). The text says what is wrong; `forkbox_redis_errors_total`
+            // counts the failures.
             Some(d) => (
                 200,
                 format!(
-                    "ok (Redis unreachable for {:.0} s; retrying)\n",
+                    "degraded: Redis unreachable for {:.0} s; retrying (jobs that are running \
+                     go on, their results wait in the outbox)\n",
                     d.as_secs_f64()
                 ),
             ),

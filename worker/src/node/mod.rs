@@ -2,10 +2,19 @@
 //!
 //! A [`Node`] is one `forkbox worker` process seen from the inside. Its parts, one module each:
 //!
-//! - [`worker`]: the reader loop, the [`SlotPool`](worker::SlotPool) of admissions and holds,
-//!   and the dispatcher. It reads no more stream entries than it has free slots plus its
-//!   prefetch; each entry is started in read order as a job task that runs in the engine and
-//!   hands its result to the outbox.
+//! - [`worker`]: the [`Node`] itself: it connects, opens the queues, starts the other parts
+//!   and, once asked to stop, drains them in order.
+//! - [`reader`]: the read loop. It reads no more stream entries than it has free admissions
+//!   (slots plus prefetch), drains its own pending entries at start and reclaims idle ones.
+//! - [`job`]: the dispatcher, which starts deliveries in read order as engine slots free up,
+//!   and the job task, which runs one in the engine and carries out its disposition.
+//! - [`disposition`]: the pure decision whether a finished run is stored, dead-lettered, left
+//!   pending or handed back.
+//! - [`shared`]: the state the reader, the job tasks, the outbox and upkeep share.
+//! - [`admission`]: the [`SlotPool`](admission::SlotPool) of admissions and holds, the two
+//!   permits of each delivery.
+//! - [`held`]: the entries the node holds, whose claims upkeep refreshes.
+//! - [`stop`]: the [`StopLevel`] every part watches and the [`StopHandle`] that raises it.
 //! - [`outbox`]: finished results (and dead letters) waiting to be stored. It completes them in
 //!   batches with one pipelined call and keeps them, retrying, while Redis is away, so a result
 //!   that was computed is never dropped.
@@ -15,22 +24,31 @@
 //! - [`metrics`]: the Prometheus recorder and the tiny HTTP responder for `/metrics` and
 //!   `/healthz`.
 //! - [`health`]: Redis error accounting and back-off.
-//! - [`config`], [`cli`], [`client`], [`up`]: configuration, command-line entry points, the
-//!   client commands and the one-command local node.
+//! - [`preflight`]: what the node checks of its Redis before it reads (eviction policy, largest
+//!   value Redis takes).
+//! - [`config`]: the resolved settings of a node ([`NodeConfig`]), their defaults and checks.
+//!
+//! The command-line entry points (`forkbox worker`, `up`, the client commands) live in the
+//! binary's `cmd` tree, which builds a [`NodeConfig`] and an engine and runs a [`Node`].
 
-pub mod bench;
+pub mod admission;
 pub mod cancel;
-pub mod cli;
-pub mod client;
 pub mod config;
+pub mod disposition;
 pub mod error;
 pub mod health;
+pub mod held;
+pub mod job;
 pub mod metrics;
 pub mod outbox;
-pub mod up;
+pub mod preflight;
+pub mod reader;
+pub mod shared;
+pub mod stop;
 pub mod upkeep;
 pub mod worker;
 
 pub use config::NodeConfig;
 pub use error::NodeError;
-pub use worker::{Node, NodeReport, StopHandle, StopLevel};
+pub use stop::{StopHandle, StopLevel};
+pub use worker::{Node, NodeReport};

@@ -3,7 +3,8 @@
 //! Every third of the visibility timeout the node renews its heartbeat key on each queue and
 //! refreshes its claims on every entry it holds (running, or finished and waiting in the
 //! outbox), so the reclaimers of other nodes never take a live job. Every `lag_interval` it
-//! reads the queues' stats into `forkbox_queue_lag{queue}`; every few visibility timeouts it
+//! reads the queues' stats into `forkbox_queue_lag`, `forkbox_queue_pending` and
+//! `forkbox_dead_letter_length` (each by `queue`); every few visibility timeouts it
 //! removes consumers that hold nothing and whose heartbeat expired (the queue crate's script
 //! checks both atomically, so a dead worker's entries are reclaimed before its consumer goes).
 
@@ -12,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use forkbox_queue::QueueSet;
 
-use crate::node::health::{RedisHealth, RoundTrips};
+use crate::node::health::RedisHealth;
+use crate::node::held::Held;
 use crate::node::metrics as m;
-use crate::node::worker::Held;
 
 /// Runs until aborted.
 pub async fn run(
@@ -24,7 +25,6 @@ pub async fn run(
     health: Arc<RedisHealth>,
     visibility: Duration,
     lag_interval: Duration,
-    trips: RoundTrips,
 ) {
     let refresh_every = (visibility / 3).max(Duration::from_millis(100));
     // Longer than two refresh periods, so one late refresh does not make the node look dead.
@@ -40,19 +40,20 @@ pub async fn run(
         if now >= next_refresh {
             next_refresh = now + refresh_every;
             for q in set.queues() {
-                trips.add(1);
                 if let Err(e) = q.heartbeat(&worker, heartbeat_ttl).await {
                     health.failed("renewing the heartbeat", &e);
                     continue;
                 }
-                let ids = held.of(q.name());
-                trips.add(u64::from(!ids.is_empty()));
+                let ids = held.of(q.name(), q.keys().partition_index());
                 match q.refresh_claims(&worker, &ids).await {
                     Ok(lost) => {
                         for entry in lost {
                             // Either acknowledged meanwhile, or another node took it while this
                             // one stalled; the first stored result wins either way.
-                            if held.of(q.name()).contains(&entry) {
+                            if held
+                                .of(q.name(), q.keys().partition_index())
+                                .contains(&entry)
+                            {
                                 tracing::warn!(
                                     queue = q.name(),
                                     "entry {entry} is no longer ours (reclaimed by another \
@@ -68,12 +69,15 @@ pub async fn run(
         if now >= next_lag {
             next_lag = now + lag_interval;
             for q in set.queues() {
-                trips.add(2);
                 match q.stats().await {
                     Ok(s) => {
                         let lag = s.lag.unwrap_or(s.length.saturating_sub(s.pending));
-                        ::metrics::gauge!(m::QUEUE_LAG, "queue" => q.name().to_owned())
-                            .set(lag as f64);
+                        let queue = q.name().to_owned();
+                        ::metrics::gauge!(m::QUEUE_LAG, "queue" => queue.clone()).set(lag as f64);
+                        ::metrics::gauge!(m::QUEUE_PENDING, "queue" => queue.clone())
+                            .set(s.pending as f64);
+                        ::metrics::gauge!(m::DEAD_LETTER_LENGTH, "queue" => queue)
+                            .set(s.dead as f64);
                     }
                     Err(e) => health.failed("reading queue stats", &e),
                 }

@@ -17,6 +17,9 @@ use forkbox_queue::schema::EffectiveLimits;
 /// Controllers the node needs.
 pub const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
 
+/// A job's CPU bandwidth: 100 ms of CPU per 100 ms period, one CPU.
+pub const CPU_MAX: &str = "100000 100000";
+
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
     #[error("cgroup: {op} {path}: {source}")]
@@ -25,6 +28,13 @@ pub enum CgroupError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "cgroup: {dir} holds other processes ({}) besides this node, so its controllers cannot \
+         be enabled for job cgroups: run the node as the only process of its cgroup (a systemd \
+         unit with Delegate=yes; see docs/operations.md)",
+        others.join(", ")
+    )]
+    NotALeafOwner { dir: PathBuf, others: Vec<String> },
 }
 
 fn io<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> CgroupError + 'a {
@@ -135,6 +145,9 @@ pub struct Tree {
 
 impl Tree {
     /// Moves `pid` (the node) into a `supervisor` leaf and enables the controllers for jobs.
+    /// Called before the node starts any child, so they all live in the leaf. The kernel
+    /// refuses to enable controllers for the children of a cgroup that holds processes (other
+    /// than the root cgroup), so another process left in `dir` fails this with the reason.
     pub fn prepare(dir: &Path, pid: u32) -> Result<Tree, CgroupError> {
         let supervisor = dir.join("supervisor");
         fs::create_dir_all(&supervisor).map_err(io("mkdir", &supervisor))?;
@@ -142,7 +155,20 @@ impl Tree {
         fs::write(&procs, pid.to_string()).map_err(io("write", &procs))?;
         let control = dir.join("cgroup.subtree_control");
         let enable: Vec<String> = CONTROLLERS.iter().map(|c| format!("+{c}")).collect();
-        fs::write(&control, enable.join(" ")).map_err(io("write", &control))?;
+        if let Err(source) = fs::write(&control, enable.join(" ")) {
+            if source.raw_os_error() == Some(libc::EBUSY) {
+                let others = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                return Err(CgroupError::NotALeafOwner {
+                    dir: dir.to_owned(),
+                    others: others.split_whitespace().map(str::to_owned).collect(),
+                });
+            }
+            return Err(CgroupError::Io {
+                op: "write",
+                path: control,
+                source,
+            });
+        }
         Ok(Tree {
             dir: dir.to_owned(),
         })
@@ -160,9 +186,12 @@ impl Tree {
         let mib = 1024 * 1024;
         job.write("memory.max", &(limits.memory_mb * mib).to_string())?;
         job.write("memory.swap.max", "0")?;
+        // An out-of-memory kill takes the whole job, not one process of it at random.
+        job.write("memory.oom.group", "1")?;
         job.write("pids.max", &limits.pids.to_string())?;
-        // One CPU's worth of bandwidth per job; total CPU time is bounded by RLIMIT_CPU.
-        job.write("cpu.max", "100000 100000")?;
+        // One CPU's worth of bandwidth per job; its total CPU time is bounded through
+        // cpu.stat by the engine (and per process by RLIMIT_CPU).
+        job.write("cpu.max", CPU_MAX)?;
         Ok(job)
     }
 }
@@ -178,6 +207,8 @@ pub struct JobCgroup {
 pub struct Accounting {
     pub memory_peak_kb: Option<u64>,
     pub oom_killed: bool,
+    /// CPU time of every process the job ran (cpu.stat `usage_usec`).
+    pub cpu_us: Option<u64>,
 }
 
 impl JobCgroup {
@@ -195,27 +226,72 @@ impl JobCgroup {
         self.write("cgroup.procs", &pid.to_string())
     }
 
+    /// Kills every process of the job at once (`cgroup.kill`, Linux 5.14+).
+    pub fn kill(&self) -> Result<(), CgroupError> {
+        self.write("cgroup.kill", "1")
+    }
+
+    /// CPU time used so far by every process of the job, from cpu.stat.
+    pub fn cpu_usage_us(&self) -> Option<u64> {
+        let stat = fs::read_to_string(self.dir.join("cpu.stat")).ok()?;
+        stat_field(&stat, "usage_usec")
+    }
+
     /// Reads the accounting and removes the cgroup.
     pub fn finish(self) -> Result<Accounting, CgroupError> {
+        let cpu_us = self.cpu_usage_us();
         let peak = fs::read_to_string(self.dir.join("memory.peak"))
             .ok()
             .and_then(|s| s.trim().parse::<u64>().ok());
         let events = fs::read_to_string(self.dir.join("memory.events")).unwrap_or_default();
-        let oom_killed = events.lines().any(|l| {
-            let mut it = l.split_whitespace();
-            it.next() == Some("oom_kill")
-                && it.next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0) > 0
-        });
-        // On cgroupfs, rmdir succeeds with the interface files present; a plain directory
-        // (the test tree) needs its files removed first.
-        if fs::remove_dir(&self.dir).is_err() {
-            fs::remove_dir_all(&self.dir).map_err(io("rmdir", &self.dir))?;
-        }
+        let oom_killed = stat_field(&events, "oom_kill").unwrap_or(0) > 0;
+        self.remove()?;
         Ok(Accounting {
             memory_peak_kb: peak.map(|b| b / 1024),
             oom_killed,
+            cpu_us,
         })
     }
+}
+
+impl JobCgroup {
+    /// Removes the cgroup. The job is over: anything still in it (a process the kernel has
+    /// not finished tearing down, or one that escaped the sandbox's teardown) is killed through
+    /// `cgroup.kill` and the removal retried for a while.
+    fn remove(&self) -> Result<(), CgroupError> {
+        let mut tries = 0;
+        loop {
+            match fs::remove_dir(&self.dir) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && tries < REMOVE_TRIES => {
+                    if tries == 0 {
+                        let _ = fs::write(self.dir.join("cgroup.kill"), "1");
+                    }
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                // A plain directory (the test tree) needs its files removed first; on
+                // cgroupfs rmdir succeeds with the interface files present.
+                Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                    return fs::remove_dir_all(&self.dir).map_err(io("rmdir", &self.dir));
+                }
+                Err(e) => return Err(io("rmdir", &self.dir)(e)),
+            }
+        }
+    }
+}
+
+/// How often an emptied cgroup's removal is tried, 5 ms apart.
+const REMOVE_TRIES: u32 = 400;
+
+/// A field of a flat-keyed cgroup file (`memory.events`, `cpu.stat`).
+fn stat_field(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next() == Some(key))
+            .then(|| it.next()?.parse().ok())
+            .flatten()
+    })
 }
 
 #[cfg(test)]
@@ -320,6 +396,10 @@ mod tests {
             fs::read_to_string(dir.join("cpu.max")).unwrap(),
             "100000 100000"
         );
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.oom.group")).unwrap(),
+            "1"
+        );
         job.add(99).unwrap();
         assert_eq!(fs::read_to_string(dir.join("cgroup.procs")).unwrap(), "99");
         // What the kernel would write after an OOM kill.
@@ -329,12 +409,19 @@ mod tests {
             "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n",
         )
         .unwrap();
+        fs::write(
+            dir.join("cpu.stat"),
+            "usage_usec 2501000\nuser_usec 2500000\nsystem_usec 1000\n",
+        )
+        .unwrap();
+        assert_eq!(job.cpu_usage_us(), Some(2_501_000));
         let acct = job.finish().unwrap();
         assert_eq!(
             acct,
             Accounting {
                 memory_peak_kb: Some(262144),
-                oom_killed: true
+                oom_killed: true,
+                cpu_us: Some(2_501_000),
             }
         );
         assert!(!dir.exists());
@@ -360,7 +447,7 @@ mod tests {
         );
         match p.delegation {
             Delegation::Unavailable(reason) => {
-                println!("SKIPPED: cgroup v2 delegation on this host: {reason}")
+                forkbox_queue::skip::skipped(format!("cgroup v2 delegation on this host: {reason}"))
             }
             Delegation::Delegated(dir) => {
                 // Only create and remove a scratch child: the node's own placement is not ours

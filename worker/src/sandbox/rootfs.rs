@@ -17,15 +17,24 @@
 //! lookups, and an RCU grace period per overlay when the sandbox is torn down. Bind mounts of
 //! one tmpfs rather than a tmpfs each: every superblock costs its creation, its shrinker and
 //! memory-cgroup bookkeeping, and its tear-down, once per sandbox.
+//!
+//! The disk caps inodes as well as bytes ([`disk_inodes`]): an empty file costs no page of the
+//! tmpfs but about a kilobyte of kernel memory (inode and dentry), which `size` does not count.
+//! A host directory's own submounts (a tmpfs under an allowlisted directory, say) are made
+//! read-only with it, in one recursive step, so none stays writable inside.
 
 use std::fs;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::MsFlags;
 
+use super::sys;
+use super::syscalls::{Host, Syscalls};
 use super::wire::RootSource;
+use super::wire::SetupError;
 
 /// Device nodes bound from the host into `/dev`.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -36,14 +45,20 @@ const OLD_ROOT: &str = ".oldroot";
 /// A failed isolation step: what was being done, on which path, and the errno.
 #[derive(Debug, thiserror::Error)]
 #[error("{step} {path}: {errno}")]
-pub struct SetupError {
+pub struct RootfsError {
     pub step: &'static str,
     pub path: PathBuf,
     pub errno: Errno,
 }
 
-fn fail<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> SetupError + 'a {
-    move |errno| SetupError {
+impl From<RootfsError> for SetupError {
+    fn from(e: RootfsError) -> SetupError {
+        SetupError::errno(e.step, e.errno).at(e.path.display().to_string())
+    }
+}
+
+fn fail<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> RootfsError + 'a {
+    move |errno| RootfsError {
         step,
         path: path.to_owned(),
         errno,
@@ -53,8 +68,8 @@ fn fail<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(Errno) -> SetupEr
 fn io_fail<'a>(
     step: &'static str,
     path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> SetupError + 'a {
-    move |e| SetupError {
+) -> impl FnOnce(std::io::Error) -> RootfsError + 'a {
+    move |e| RootfsError {
         step,
         path: path.to_owned(),
         errno: Errno::from_raw(e.raw_os_error().unwrap_or(libc::EIO)),
@@ -63,9 +78,9 @@ fn io_fail<'a>(
 
 const NOSUID_NODEV: MsFlags = MsFlags::MS_NOSUID.union(MsFlags::MS_NODEV);
 
-fn tmpfs(target: &Path, options: &str) -> Result<(), SetupError> {
-    mount(
-        Some("tmpfs"),
+fn tmpfs(k: &impl Syscalls, target: &Path, options: &str) -> Result<(), RootfsError> {
+    k.mount(
+        Some(Path::new("tmpfs")),
         target,
         Some("tmpfs"),
         NOSUID_NODEV,
@@ -84,32 +99,44 @@ pub struct RootPlan<'a> {
 }
 
 /// Builds the root and pivots into it. Runs in the init, in its fresh mount namespace.
-pub fn enter(plan: &RootPlan<'_>) -> Result<(), SetupError> {
+/// Returns a descriptor of `/proc/sys` on the writable proc mount, which the job cannot reach
+/// (its `/proc/sys` is a read-only mount on top), for the init to set the sandbox's own
+/// namespaced sysctls (see `ipc`).
+pub fn enter(plan: &RootPlan<'_>) -> Result<OwnedFd, RootfsError> {
+    enter_with(&Host, plan)
+}
+
+/// [`enter`], its mounts, pivot and detach made through `k`. The steps, in order: make every
+/// mount private; mount the root (a tmpfs with the allowlist bound read-only, or an overlay
+/// on the image); make the mount points; bind the writable directories and populate `/dev`;
+/// mount proc and protect its sysctls; pivot; detach the old root; make the root's own mount
+/// read-only.
+pub(super) fn enter_with(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<OwnedFd, RootfsError> {
     // Private first: nothing we mount may propagate back to the zygote or the host.
-    mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
+    k.mount(
+        None,
+        Path::new("/"),
+        None,
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
+        None,
     )
     .map_err(fail("make-rprivate", Path::new("/")))?;
     let root = plan.staging.join("root");
-    let disk_size = format!("size={}m", plan.disk_mb);
+    let disk_size = disk_options(plan.disk_mb);
     // The directory holding the job's writable directories: the root tmpfs itself, or, with an
     // image, the tmpfs that also holds the overlay's upper layer.
     let disk = match plan.source {
         RootSource::Allowlist(dirs) => {
-            tmpfs(&root, &format!("{disk_size},mode=0755"))?;
+            tmpfs(k, &root, &format!("{disk_size},mode=0755"))?;
             for dir in dirs {
-                expose(dir, &root)?;
+                expose(k, dir, &root)?;
             }
             root.clone()
         }
         RootSource::Image(image) => {
             let layers = plan.staging.join("layers");
-            tmpfs(&layers, &format!("{disk_size},mode=0700"))?;
-            overlay(image, &root, &layers.join("image"))?;
+            tmpfs(k, &layers, &format!("{disk_size},mode=0700"))?;
+            overlay(k, image, &root, &layers.join("image"))?;
             layers.join("rw")
         }
     };
@@ -118,60 +145,96 @@ pub fn enter(plan: &RootPlan<'_>) -> Result<(), SetupError> {
         let dir = root.join(dir);
         fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     }
-    populate_dev(&writable(&root, &disk, "dev", 0o755)?)?;
-    writable(&root, &disk, "tmp", 0o1777)?;
-    writable(&root, &disk, work, 0o755)?;
+    populate_dev(k, &writable(k, &root, &disk, "dev", 0o755)?)?;
+    writable(k, &root, &disk, "tmp", 0o1777)?;
+    writable(k, &root, &disk, work, 0o755)?;
     // proc must be mounted while the host's proc is still visible in this namespace (the
     // kernel refuses a proc mount that would reveal more than an existing one).
     let proc = root.join("proc");
-    mount(
-        Some("proc"),
+    k.mount(
+        Some(Path::new("proc")),
         &proc,
         Some("proc"),
         NOSUID_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
+        None,
     )
     .map_err(fail("mount proc", &proc))?;
+    let sysctls = protect_proc(k, &proc)?;
     let old = root.join(OLD_ROOT);
-    nix::unistd::pivot_root(&root, &old).map_err(fail("pivot_root", &root))?;
-    nix::unistd::chdir("/").map_err(fail("chdir", Path::new("/")))?;
+    k.pivot_root(&root, &old)
+        .map_err(fail("pivot_root", &root))?;
+    k.chdir(Path::new("/"))
+        .map_err(fail("chdir", Path::new("/")))?;
     let old = Path::new("/").join(OLD_ROOT);
-    umount2(&old, MntFlags::MNT_DETACH).map_err(fail("detach old root", &old))?;
-    fs::remove_dir(&old).map_err(io_fail("rmdir", &old))?;
+    k.detach(&old).map_err(fail("detach old root", &old))?;
+    k.rmdir(&old).map_err(io_fail("rmdir", &old))?;
     if matches!(plan.source, RootSource::Allowlist(_)) {
         // The root's own mount holds only mount points and symlinks: read-only. The writable
         // directories are mounts of their own and stay writable.
         let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
-        mount(None::<&str>, "/", None::<&str>, flags, None::<&str>)
+        k.mount(None, Path::new("/"), None, flags, None)
             .map_err(fail("remount root read-only", Path::new("/")))?;
     }
-    Ok(())
+    Ok(sysctls)
+}
+
+/// Paths of a sandbox's proc that write kernel state beyond its own processes, made read-only
+/// as container runtimes do. `/proc/sys` holds the sysctls: those a user namespace's root may
+/// write are the namespaced ones (network, ipc, mqueue, uts, user), which would let the job
+/// lift the bounds the init sets (the ipc ones) or change its network namespace; the rest are
+/// owned by host root already. `/proc/sysrq-trigger` is owned by host root too: read-only as
+/// a second wall.
+const READ_ONLY_PROC: &[&str] = &["sys", "sysrq-trigger"];
+
+/// Makes [`READ_ONLY_PROC`] read-only under `proc`; returns an `O_PATH` descriptor of the
+/// writable `sys` beneath, opened first.
+fn protect_proc(k: &impl Syscalls, proc: &Path) -> Result<OwnedFd, RootfsError> {
+    let sys_dir = proc.join("sys");
+    let sysctls = k
+        .open_dir_path(&sys_dir)
+        .map_err(io_fail("open", &sys_dir))?;
+    for rel in READ_ONLY_PROC {
+        let path = proc.join(rel);
+        if *rel != "sys" && !path.exists() {
+            // Not built into this kernel.
+            continue;
+        }
+        bind(k, &path, &path, MsFlags::MS_REC).map_err(fail("bind", &path))?;
+        let flags = MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_RDONLY
+            | NOSUID_NODEV
+            | MsFlags::MS_NOEXEC;
+        k.mount(None, &path, None, flags, None)
+            .map_err(fail("remount read-only", &path))?;
+    }
+    Ok(sysctls)
 }
 
 /// Makes `disk/rel` (mode `mode`) and binds it writable on `root/rel`; returns the latter.
 /// Without an image the disk is the root, so the directory is bound on itself: it becomes a
 /// mount of its own, which stays writable when the root's mount turns read-only.
-fn writable(root: &Path, disk: &Path, rel: &str, mode: u32) -> Result<PathBuf, SetupError> {
+fn writable(
+    k: &impl Syscalls,
+    root: &Path,
+    disk: &Path,
+    rel: &str,
+    mode: u32,
+) -> Result<PathBuf, RootfsError> {
     let (dir, target) = (disk.join(rel), root.join(rel));
     fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).map_err(io_fail("chmod", &dir))?;
-    bind(&dir, &target, MsFlags::empty()).map_err(fail("bind", &target))?;
+    bind(k, &dir, &target, MsFlags::empty()).map_err(fail("bind", &target))?;
     Ok(target)
 }
 
 /// Bind-mounts `src` on `target`, with `flags` added to `MS_BIND`.
-fn bind(src: &Path, target: &Path, flags: MsFlags) -> nix::Result<()> {
-    mount(
-        Some(src),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND | flags,
-        None::<&str>,
-    )
+fn bind(k: &impl Syscalls, src: &Path, target: &Path, flags: MsFlags) -> nix::Result<()> {
+    k.mount(Some(src), target, None, MsFlags::MS_BIND | flags, None)
 }
 
 /// Exposes one host directory (or recreates one host symlink) under `root`.
-fn expose(dir: &Path, root: &Path) -> Result<(), SetupError> {
+fn expose(k: &impl Syscalls, dir: &Path, root: &Path) -> Result<(), RootfsError> {
     let rel = dir.strip_prefix("/").unwrap_or(dir);
     let target = root.join(rel);
     let meta = match fs::symlink_metadata(dir) {
@@ -190,17 +253,22 @@ fn expose(dir: &Path, root: &Path) -> Result<(), SetupError> {
         return Ok(());
     }
     fs::create_dir_all(&target).map_err(io_fail("mkdir", &target))?;
-    read_only_bind(dir, &target)
+    read_only_bind(k, dir, &target)
 }
 
-fn overlay(lower: &Path, target: &Path, layer: &Path) -> Result<(), SetupError> {
+fn overlay(
+    k: &impl Syscalls,
+    lower: &Path,
+    target: &Path,
+    layer: &Path,
+) -> Result<(), RootfsError> {
     let (upper, work) = (layer.join("upper"), layer.join("work"));
     for d in [&upper, &work, &target.to_path_buf()] {
         fs::create_dir_all(d).map_err(io_fail("mkdir", d))?;
     }
     let lower_s = lower.to_string_lossy();
     if lower_s.contains([',', ':']) {
-        return Err(SetupError {
+        return Err(RootfsError {
             step: "overlay lowerdir",
             path: lower.to_owned(),
             errno: Errno::EINVAL,
@@ -212,8 +280,8 @@ fn overlay(lower: &Path, target: &Path, layer: &Path) -> Result<(), SetupError> 
         upper.display(),
         work.display()
     );
-    mount(
-        Some("overlay"),
+    k.mount(
+        Some(Path::new("overlay")),
         target,
         Some("overlay"),
         NOSUID_NODEV,
@@ -222,18 +290,22 @@ fn overlay(lower: &Path, target: &Path, layer: &Path) -> Result<(), SetupError> 
     .map_err(fail("mount overlay", target))
 }
 
-fn read_only_bind(dir: &Path, target: &Path) -> Result<(), SetupError> {
-    bind(dir, target, MsFlags::MS_REC).map_err(fail("bind", target))?;
-    let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
-    mount(None::<&str>, target, None::<&str>, flags, None::<&str>)
-        .map_err(fail("remount read-only", target))
+/// Binds `dir` and every mount beneath it on `target`, all read-only, nosuid and nodev: a
+/// remount would change the top mount alone and leave a writable submount writable.
+fn read_only_bind(k: &impl Syscalls, dir: &Path, target: &Path) -> Result<(), RootfsError> {
+    bind(k, dir, target, MsFlags::MS_REC).map_err(fail("bind", target))?;
+    k.mount_setattr_recursive(
+        target,
+        sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID | sys::MOUNT_ATTR_NODEV,
+    )
+    .map_err(fail("make read-only, recursively", target))
 }
 
-fn populate_dev(dev: &Path) -> Result<(), SetupError> {
+fn populate_dev(k: &impl Syscalls, dev: &Path) -> Result<(), RootfsError> {
     for name in DEVICES {
         let (host, node) = (Path::new("/dev").join(name), dev.join(name));
         fs::File::create(&node).map_err(io_fail("create", &node))?;
-        bind(&host, &node, MsFlags::empty()).map_err(fail("bind device", &host))?;
+        bind(k, &host, &node, MsFlags::empty()).map_err(fail("bind device", &host))?;
     }
     for (name, dest) in [
         ("fd", "/proc/self/fd"),
@@ -250,17 +322,233 @@ fn populate_dev(dev: &Path) -> Result<(), SetupError> {
     fs::set_permissions(&shm, fs::Permissions::from_mode(0o1777)).map_err(io_fail("chmod", &shm))
 }
 
-/// Resizes the job's disk (after the pivot). `/tmp` is a mount of the disk's superblock, so
-/// remounting it (not as a bind) changes the size for every writable directory at once.
-pub fn resize(disk_mb: u64) -> Result<(), SetupError> {
-    let options = format!("size={disk_mb}m");
+/// Inodes of a disk of `disk_mb` MiB: one per 4 KiB page it can hold. A file with any content
+/// takes a page anyway, so the cap only ever stops empty files (and directories, symlinks),
+/// whose kernel memory it bounds to about a third of the disk's size.
+pub fn disk_inodes(disk_mb: u64) -> u64 {
+    disk_mb.saturating_mul(256)
+}
+
+/// The tmpfs options of a disk of `disk_mb` MiB.
+fn disk_options(disk_mb: u64) -> String {
+    format!("size={disk_mb}m,nr_inodes={}", disk_inodes(disk_mb))
+}
+
+/// Resizes the job's disk, bytes and inodes (after the pivot). `/tmp` is a mount of the disk's
+/// superblock, so remounting it (not as a bind) changes the size for every writable directory
+/// at once.
+pub fn resize(disk_mb: u64) -> Result<(), RootfsError> {
+    let options = disk_options(disk_mb);
     let target = Path::new("/tmp");
-    mount(
-        None::<&str>,
+    Host.mount(
+        None,
         target,
-        None::<&str>,
+        None,
         MsFlags::MS_REMOUNT | NOSUID_NODEV,
         Some(options.as_str()),
     )
     .map_err(fail("resize the disk", target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::syscalls::recording::{Call, Recorder};
+    use super::*;
+
+    /// A staging directory with its mount points, and a fake host with one directory and one
+    /// symlink to expose.
+    fn staging() -> (tempfile::TempDir, PathBuf, Vec<PathBuf>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let staging = tmp.path().join("staging");
+        for sub in ["root", "layers"] {
+            fs::create_dir_all(staging.join(sub)).unwrap();
+        }
+        let host = tmp.path().join("host");
+        fs::create_dir_all(host.join("usr/bin")).unwrap();
+        symlink("usr/bin", host.join("bin")).unwrap();
+        (tmp, staging, vec![host.join("usr"), host.join("bin")])
+    }
+
+    fn position(calls: &[Call], what: &str, matches: impl Fn(&Call) -> bool) -> usize {
+        calls
+            .iter()
+            .position(matches)
+            .unwrap_or_else(|| panic!("no {what} in {calls:#?}"))
+    }
+
+    fn is_mount_of(call: &Call, fs: &str) -> bool {
+        matches!(call, Call::Mount { fstype: Some(t), .. } if t == fs)
+    }
+
+    #[test]
+    fn the_root_is_built_in_order_without_root() {
+        let (_tmp, staging, dirs) = staging();
+        let source = RootSource::Allowlist(dirs.clone());
+        let plan = RootPlan {
+            source: &source,
+            staging: &staging,
+            work_dir: "/work",
+            disk_mb: 16,
+        };
+        let k = Recorder::default();
+        enter_with(&k, &plan).expect("recorded set-up");
+        let calls = k.calls();
+        let root = staging.join("root");
+        // Private before anything else is mounted.
+        assert_eq!(
+            calls[0],
+            Call::Mount {
+                source: None,
+                target: "/".into(),
+                fstype: None,
+                flags: MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+            }
+        );
+        let pivot = position(&calls, "pivot_root", |c| {
+            matches!(c, Call::PivotRoot { .. })
+        });
+        assert_eq!(
+            calls[pivot],
+            Call::PivotRoot {
+                new_root: root.clone(),
+                put_old: root.join(OLD_ROOT),
+            }
+        );
+        // Proc before pivot (the kernel refuses a proc mount once the host's is gone), and its
+        // sysctls opened, then made read-only, before the pivot too.
+        let proc = position(&calls, "mount proc", |c| is_mount_of(c, "proc"));
+        let open_sys = position(&calls, "open /proc/sys", |c| {
+            *c == Call::OpenDirPath(root.join("proc/sys"))
+        });
+        let sys_ro = position(&calls, "read-only /proc/sys", |c| {
+            matches!(c, Call::Mount { target, flags, .. }
+                if *target == root.join("proc/sys") && flags.contains(MsFlags::MS_RDONLY))
+        });
+        assert!(proc < open_sys && open_sys < sys_ro && sys_ro < pivot);
+        // The root tmpfs first; each host directory bound and made read-only (recursively)
+        // before the pivot; the symlink recreated, never bound.
+        let root_tmpfs = position(&calls, "root tmpfs", |c| is_mount_of(c, "tmpfs"));
+        let usr = root.join(dirs[0].strip_prefix("/").unwrap());
+        let bind_usr = position(
+            &calls,
+            "bind usr",
+            |c| matches!(c, Call::Mount { target, .. } if *target == usr),
+        );
+        let ro_usr = position(&calls, "read-only usr", |c| {
+            *c == Call::SetAttr(usr.clone())
+        });
+        assert!(root_tmpfs < bind_usr && bind_usr < ro_usr && ro_usr < pivot);
+        let bin = root.join(dirs[1].strip_prefix("/").unwrap());
+        assert!(fs::symlink_metadata(&bin).unwrap().file_type().is_symlink());
+        // Until the pivot nothing is mounted outside the staging root but "/" made private.
+        for call in &calls[1..pivot] {
+            if let Call::Mount { target, .. } | Call::SetAttr(target) = call {
+                assert!(
+                    target.starts_with(&root),
+                    "{call:?} outside the staging root"
+                );
+            }
+        }
+        // After the pivot, in order: into the new root, detach the old one, remove its mount
+        // point, and the root's own mount read-only last.
+        let old = Path::new("/").join(OLD_ROOT);
+        let ro_root = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
+        assert_eq!(
+            calls[pivot + 1..],
+            [
+                Call::Chdir("/".into()),
+                Call::Detach(old.clone()),
+                Call::Rmdir(old),
+                Call::Mount {
+                    source: None,
+                    target: "/".into(),
+                    fstype: None,
+                    flags: ro_root,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn an_image_root_is_an_overlay_and_stays_writable() {
+        let (tmp, staging, _) = staging();
+        let image = tmp.path().join("image");
+        fs::create_dir_all(image.join("bin")).unwrap();
+        let source = RootSource::Image(image.clone());
+        let plan = RootPlan {
+            source: &source,
+            staging: &staging,
+            work_dir: "/work",
+            disk_mb: 16,
+        };
+        let k = Recorder::default();
+        enter_with(&k, &plan).expect("recorded set-up");
+        let calls = k.calls();
+        let layers = position(
+            &calls,
+            "layers tmpfs",
+            |c| matches!(c, Call::Mount { target, .. } if *target == staging.join("layers")),
+        );
+        let overlay = position(&calls, "overlay", |c| is_mount_of(c, "overlay"));
+        let proc = position(&calls, "mount proc", |c| is_mount_of(c, "proc"));
+        let pivot = position(&calls, "pivot_root", |c| {
+            matches!(c, Call::PivotRoot { .. })
+        });
+        assert!(layers < overlay && overlay < proc && proc < pivot);
+        // The job may change the image's files (in RAM): no read-only remount of the root.
+        assert_eq!(
+            calls.last(),
+            Some(&Call::Rmdir(Path::new("/").join(OLD_ROOT)))
+        );
+    }
+
+    #[test]
+    fn a_refused_step_stops_the_set_up_and_names_itself() {
+        let (_tmp, staging, dirs) = staging();
+        let source = RootSource::Allowlist(dirs);
+        let plan = RootPlan {
+            source: &source,
+            staging: &staging,
+            work_dir: "/work",
+            disk_mb: 16,
+        };
+        let k = Recorder {
+            fail: Some(|c| is_mount_of(c, "proc")),
+            ..Recorder::default()
+        };
+        let err = enter_with(&k, &plan).unwrap_err();
+        let proc = staging.join("root/proc");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "mount proc {}: EPERM: Operation not permitted",
+                proc.display()
+            )
+        );
+        // Fail closed: no pivot into a root without its proc.
+        assert!(!k
+            .calls()
+            .iter()
+            .any(|c| matches!(c, Call::PivotRoot { .. })));
+    }
+
+    #[test]
+    fn a_failed_step_reads_as_a_set_up_error() {
+        let e = RootfsError {
+            step: "pivot_root",
+            path: "/staging/root".into(),
+            errno: Errno::EPERM,
+        };
+        let text = "pivot_root /staging/root: EPERM: Operation not permitted";
+        assert_eq!(e.to_string(), text);
+        assert_eq!(SetupError::from(e).to_string(), text);
+    }
+
+    #[test]
+    fn the_disk_has_one_inode_per_page() {
+        assert_eq!(disk_inodes(1), 256);
+        assert_eq!(disk_inodes(64), 16384);
+        assert_eq!(disk_options(64), "size=64m,nr_inodes=16384");
+        assert_eq!(disk_inodes(u64::MAX), u64::MAX);
+    }
 }

@@ -3,7 +3,10 @@
 //! All three talk over `SOCK_SEQPACKET` socket pairs: one message is one datagram (no framing
 //! to get wrong), descriptors travel with it as `SCM_RIGHTS`, and a closed peer reads as an
 //! empty message. Messages are small JSON objects; the job itself (files can be megabytes)
-//! travels in a sealed memfd so the single-threaded zygote never copies it.
+//! travels in a sealed memfd so the single-threaded zygote never copies it. Every message is
+//! typed, one enum per direction; the one that travels on pipes instead, the launcher's
+//! [`ExecNote`] (its exec time, or the [`SetupError`] that stopped it), is one JSON value
+//! written at once and read until the pipe closes.
 
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
@@ -46,6 +49,9 @@ pub struct ZygoteConfig {
     pub net_per_sandbox: bool,
     /// The engine places each init into a cgroup before the program starts.
     pub cgroup_handshake: bool,
+    /// Warm the Python runtime before the first sandbox.
+    #[serde(default)]
+    pub python: Option<super::runtime::python::WarmRequest>,
 }
 
 /// Engine → zygote.
@@ -76,9 +82,14 @@ pub enum FromZygote {
     /// The zygote entered its user namespace; the engine must write its maps.
     NeedMaps,
     /// The zygote is set up and serving.
-    Ready { seccomp_instructions: usize },
-    /// The zygote could not be set up.
-    StartFailed { error: String },
+    Ready {
+        seccomp_instructions: usize,
+        /// The warm Python runtime, when asked for: what was loaded, or why it is unusable.
+        #[serde(default)]
+        python: Option<Result<super::runtime::python::WarmInfo, String>>,
+    },
+    /// The zygote could not be set up: the step that failed and why.
+    StartFailed { error: SetupError },
     /// A sandbox was assigned (cgroup handshake only): the host pids of its init and of the
     /// launcher that becomes the program, both to be placed in the job's cgroup.
     Assigned { req: u64, pids: Vec<i32> },
@@ -105,7 +116,7 @@ pub struct Exit {
     pub cpu_us: u64,
     pub max_rss_kb: u64,
     /// Which isolation step failed and why; the program did not run.
-    pub error: Option<String>,
+    pub error: Option<SetupError>,
 }
 
 /// Zygote → init; `Run` and `Release` go to the launcher, from the zygote or the engine.
@@ -123,7 +134,207 @@ pub enum ToInit {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum FromInit {
     Ready,
-    SetupFailed { error: String },
+    SetupFailed { error: SetupError },
+}
+
+/// Launcher → init, once it has its job. Carries the report pipe.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Handoff {
+    pub collect: Vec<String>,
+    pub collect_max_bytes: u64,
+    /// The job's tmpfs size when it differs from the pre-built one. Remounting needs the
+    /// capabilities the launcher has already dropped, so the init does it and answers with
+    /// a [`Resized`] before the launcher goes on.
+    pub resize_disk_mb: Option<u64>,
+    /// The job's memory limit when it differs from the one the ipc limits were set for
+    /// (see `ipc`); set by the init like the disk size, answered by the same [`Resized`].
+    pub ipc_memory_mb: Option<u64>,
+    /// The job's CPU time for the whole sandbox, when the init keeps it (no cgroup does).
+    #[serde(default)]
+    pub cpu_budget_ms: Option<u64>,
+    /// The job's wall-clock limit: a budget that cannot run out before it is not kept.
+    #[serde(default)]
+    pub timeout_ms: u64,
+}
+
+impl Handoff {
+    /// Whether the launcher waits for the init to adjust the sandbox to its job.
+    pub fn needs_answer(&self) -> bool {
+        self.resize_disk_mb.is_some() || self.ipc_memory_mb.is_some()
+    }
+}
+
+/// Init → launcher: the answer to a resize request, the step that failed or none.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Resized {
+    pub error: Option<SetupError>,
+}
+
+/// Whose fault a failed set-up step is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fault {
+    /// The sandbox's or the host's: the job did not run, and may run elsewhere (`error`).
+    #[default]
+    Sandbox,
+    /// The job's own input (its files, its working directory): running it again would fail
+    /// the same way (`invalid`).
+    Job,
+}
+
+/// Why a set-up step failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// A system call's errno, shown as nix shows it (`ENOENT: No such file or directory`).
+    Errno(i32),
+    /// The errno of a standard library I/O error, shown as it shows it (`No such file or
+    /// directory (os error 2)`).
+    Io(i32),
+    /// What no errno tells.
+    Text(String),
+}
+
+impl std::fmt::Display for Cause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cause::Errno(n) => Errno::from_raw(*n).fmt(f),
+            Cause::Io(n) => std::io::Error::from_raw_os_error(*n).fmt(f),
+            Cause::Text(t) => f.write_str(t),
+        }
+    }
+}
+
+/// A set-up step that failed before the program ran: which step, on which path, why, and
+/// whose fault it was. Shown as `<step>[ <path>][: <cause>]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetupError {
+    pub step: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<Cause>,
+    #[serde(default)]
+    pub fault: Fault,
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.step)?;
+        if let Some(path) = &self.path {
+            write!(f, " {path}")?;
+        }
+        if let Some(cause) = &self.cause {
+            write!(f, ": {cause}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+impl SetupError {
+    /// A failure that its step's name says all about.
+    pub fn new(step: impl Into<String>) -> SetupError {
+        SetupError {
+            step: step.into(),
+            path: None,
+            cause: None,
+            fault: Fault::Sandbox,
+        }
+    }
+
+    /// A system call of `step` failed with `errno`.
+    pub fn errno(step: impl Into<String>, errno: Errno) -> SetupError {
+        SetupError {
+            cause: Some(Cause::Errno(errno as i32)),
+            ..SetupError::new(step)
+        }
+    }
+
+    /// An I/O operation of `step` failed.
+    pub fn io(step: impl Into<String>, error: &std::io::Error) -> SetupError {
+        let cause = match error.raw_os_error() {
+            Some(n) => Cause::Io(n),
+            None => Cause::Text(error.to_string()),
+        };
+        SetupError {
+            cause: Some(cause),
+            ..SetupError::new(step)
+        }
+    }
+
+    /// `step` failed for a reason no errno tells.
+    pub fn text(step: impl Into<String>, reason: impl std::fmt::Display) -> SetupError {
+        SetupError {
+            cause: Some(Cause::Text(reason.to_string())),
+            ..SetupError::new(step)
+        }
+    }
+
+    /// The path the step worked on.
+    pub fn at(self, path: impl Into<String>) -> SetupError {
+        SetupError {
+            path: Some(path.into()),
+            ..self
+        }
+    }
+
+    /// Caused by the job's own input.
+    pub fn of_job(self) -> SetupError {
+        SetupError {
+            fault: Fault::Job,
+            ..self
+        }
+    }
+
+    /// The errno behind it, if a system call's.
+    pub fn errno_value(&self) -> Option<Errno> {
+        match self.cause {
+            Some(Cause::Errno(n) | Cause::Io(n)) => Some(Errno::from_raw(n)),
+            _ => None,
+        }
+    }
+}
+
+impl From<super::limits::RlimitError> for SetupError {
+    fn from(e: super::limits::RlimitError) -> SetupError {
+        SetupError::errno(e.name, e.errno)
+    }
+}
+
+/// What the launcher writes on the exec-notify pipe (to the zygote, whose watchdog starts at
+/// the exec) and on the set-up pipe (to its init): the program's exec time, or why the
+/// program never ran. One note per job, written in one `write` and followed by the pipe's
+/// close (at the exec, or the launcher's exit).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecNote {
+    /// The program is exec'd now (CLOCK_MONOTONIC).
+    Exec { ns: i64 },
+    /// A step before the exec failed; the launcher exits.
+    Failed(SetupError),
+}
+
+impl ExecNote {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an exec note always encodes")
+    }
+
+    /// The exec time in everything read from a pipe until its close, or why the program
+    /// never ran: nothing read means the launcher died before it could say.
+    pub fn decode(bytes: &[u8]) -> Result<i64, SetupError> {
+        if bytes.is_empty() {
+            return Err(SetupError::new(
+                "the sandbox exited before its program started",
+            ));
+        }
+        match serde_json::from_slice(bytes) {
+            Ok(ExecNote::Exec { ns }) => Ok(ns),
+            Ok(ExecNote::Failed(error)) => Err(error),
+            Err(e) => Err(SetupError::text("exec note", e)),
+        }
+    }
 }
 
 /// The job as the init needs it, written into a memfd by the engine.
@@ -133,7 +344,13 @@ pub struct Payload {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub limits: EffectiveLimits,
+    /// What bounds the program's memory: its cgroup, or `RLIMIT_DATA`.
+    #[serde(default)]
+    pub memory: super::limits::MemoryEnforcement,
     pub collect_max_bytes: u64,
+    /// Run the program in the sandbox's warm interpreter instead of exec'ing it.
+    #[serde(default)]
+    pub warm: Option<super::runtime::python::WarmPlan>,
 }
 
 /// What the init reports to the engine after the program exits.
@@ -148,10 +365,20 @@ pub struct Report {
     /// CPU time and peak RSS of everything the init reaped.
     pub cpu_us: u64,
     pub max_rss_kb: u64,
+    /// What the job still held outside its processes when it ended (its disk's files, SysV
+    /// shared memory and message queues: `held.rs`).
+    #[serde(default)]
+    pub held_kb: u64,
     /// Why the program never ran (an isolation step failed between fork and exec).
-    pub setup_error: Option<String>,
+    pub setup_error: Option<SetupError>,
     pub files: std::collections::BTreeMap<String, forkbox_queue::FileData>,
+    /// Collected files cut short by the collect cap.
+    #[serde(default)]
+    pub files_truncated: Vec<String>,
     pub collect_error: Option<String>,
+    /// The init killed the sandbox because its processes together used up the job's CPU time.
+    #[serde(default)]
+    pub cpu_budget_exceeded: bool,
 }
 
 /// A message and the descriptors that came with it.
@@ -224,9 +451,7 @@ pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received
                 for c in msg.cmsgs().map_err(|_| Errno::EBADMSG)? {
                     match c {
                         ControlMessageOwned::ScmRights(raw) => {
-                            for fd in raw {
-                                fds.push(sys::adopt_fd(fd)?);
-                            }
+                            fds.extend(sys::adopt_received(raw)?);
                         }
                         ControlMessageOwned::ScmCredentials(creds) => {
                             sender_pid = Some(creds.pid())
@@ -278,4 +503,137 @@ pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
         None,
         socket::SockFlag::SOCK_CLOEXEC,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_notes_round_trip() {
+        let failed = SetupError::errno("cwd", Errno::ENOENT)
+            .at("/nonexistent")
+            .of_job();
+        for note in [
+            ExecNote::Exec { ns: 0 },
+            ExecNote::Exec {
+                ns: 1_234_567_890_123,
+            },
+            ExecNote::Failed(failed.clone()),
+            ExecNote::Failed(SetupError::new("argument \"a\\u{0}\" contains NUL")),
+            ExecNote::Failed(SetupError::text("read job", "EOF while parsing")),
+        ] {
+            let bytes = note.encode();
+            let back: ExecNote = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back, note);
+            let decoded = ExecNote::decode(&bytes);
+            match note {
+                ExecNote::Exec { ns } => assert_eq!(decoded, Ok(ns)),
+                ExecNote::Failed(e) => assert_eq!(decoded, Err(e)),
+            }
+        }
+        // The fault and the errno survive as such, not as text.
+        let Err(back) = ExecNote::decode(&ExecNote::Failed(failed).encode()) else {
+            panic!("a failure decodes as one");
+        };
+        assert_eq!(back.fault, Fault::Job);
+        assert_eq!(back.errno_value(), Some(Errno::ENOENT));
+        assert_eq!(back.path.as_deref(), Some("/nonexistent"));
+    }
+
+    #[test]
+    fn a_missing_or_garbled_note_is_a_failure_that_says_so() {
+        let empty = ExecNote::decode(b"").unwrap_err();
+        assert_eq!(
+            empty.to_string(),
+            "the sandbox exited before its program started"
+        );
+        assert_eq!(empty.fault, Fault::Sandbox);
+        // Half a note (a launcher killed mid-write) or foreign bytes are not an exec time.
+        let encoded = ExecNote::Exec { ns: 42 }.encode();
+        for bytes in [&encoded[..encoded.len() - 1], b"@42".as_slice()] {
+            let e = ExecNote::decode(bytes).unwrap_err();
+            assert_eq!(e.step, "exec note", "{e}");
+            assert_eq!(e.fault, Fault::Sandbox);
+        }
+    }
+
+    /// The text users see: `<step>[ <path>][: <cause>]`, with each errno shown the way the
+    /// call that failed reports it.
+    #[test]
+    fn set_up_errors_read_as_before() {
+        let io = std::io::Error::from_raw_os_error(libc::ENOTDIR);
+        let rows = [
+            (
+                SetupError::errno("stdin", Errno::EBADF),
+                "stdin: EBADF: Bad file number",
+            ),
+            (
+                SetupError::errno("cwd", Errno::ENOENT).at("/nonexistent"),
+                "cwd /nonexistent: ENOENT: No such file or directory",
+            ),
+            (
+                SetupError::io("cwd", &io).at("/work/sub/inner"),
+                "cwd /work/sub/inner: Not a directory (os error 20)",
+            ),
+            (
+                SetupError::io("files.a/b", &io),
+                "files.a/b: Not a directory (os error 20)",
+            ),
+            (
+                SetupError::io("read job", &std::io::Error::other("custom")),
+                "read job: custom",
+            ),
+            (
+                SetupError::text("adjust the sandbox", "the init did not answer"),
+                "adjust the sandbox: the init did not answer",
+            ),
+            (
+                SetupError::new("sandbox init exited during set-up"),
+                "sandbox init exited during set-up",
+            ),
+            (
+                super::super::limits::RlimitError {
+                    name: "rlimit pids",
+                    errno: Errno::EPERM,
+                }
+                .into(),
+                "rlimit pids: EPERM: Operation not permitted",
+            ),
+        ];
+        for (error, text) in rows {
+            assert_eq!(error.to_string(), text);
+            // The same text after the trip over a pipe.
+            let Err(back) = ExecNote::decode(&ExecNote::Failed(error).encode()) else {
+                panic!("{text}: decoded as an exec");
+            };
+            assert_eq!(back.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn a_zygote_start_failure_travels_typed() {
+        use std::os::fd::AsFd;
+        let (a, b) = seqpacket_pair().unwrap();
+        let error = SetupError::errno("make-rprivate", Errno::EPERM).at("/");
+        send(
+            a.as_fd(),
+            &FromZygote::StartFailed {
+                error: error.clone(),
+            },
+            &[],
+        )
+        .unwrap();
+        match recv::<FromZygote>(b.as_fd()).unwrap().map(|r| r.message) {
+            Some(FromZygote::StartFailed { error: got }) => {
+                assert_eq!(got, error);
+                assert_eq!(
+                    got.to_string(),
+                    "make-rprivate /: EPERM: Operation not permitted"
+                );
+                assert_eq!(got.fault, Fault::Sandbox);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }

@@ -11,27 +11,28 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fs;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
-use nix::sys::time::TimeSpec;
-use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
-use nix::unistd::{Gid, Pid, Uid};
+use nix::unistd::Pid;
 
-use super::init::Hardening;
-use super::netns::{NetNs, NetPool};
-use super::sys::{self, Forked};
-use super::wire::{self, Exit, FromInit, FromZygote, ToInit, ToZygote, ZygoteConfig};
-use super::{mono_ns, seccomp};
+use super::hardening::Hardening;
+use super::netns::NetFactory;
+use super::sys::{self, Forked, SingleThreaded};
+use super::watchdog::Deadline;
+use super::wire::{
+    self, ExecNote, Exit, FromInit, FromZygote, SetupError, ToInit, ToZygote, ZygoteConfig,
+};
+use super::{identity, mono_ns, seccomp};
 
 /// The zygote's nice value when the host lets it raise its priority.
 const ZYGOTE_NICE: i32 = -5;
 
 /// Entry point of `forkbox __zygote`: the engine's channel is descriptor 3.
 pub fn main() -> ! {
-    let control = match sys::adopt_fd(3) {
+    let control = match sys::take_inherited(3) {
         Ok(fd) => fd,
         Err(e) => {
             eprintln!("forkbox zygote: no engine channel on fd 3 ({e}); this command is internal");
@@ -39,8 +40,8 @@ pub fn main() -> ! {
         }
     };
     let code = match start(&control) {
-        Ok((cfg, hardening)) => {
-            Zygote::new(control, cfg, hardening).run();
+        Ok((one, cfg, hardening)) => {
+            Zygote::new(one, control, cfg, hardening).run();
             0
         }
         Err(error) => {
@@ -51,48 +52,28 @@ pub fn main() -> ! {
     sys::exit_now(code)
 }
 
-fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Hardening), String> {
-    if sys::thread_count() != Some(1) {
-        return Err("zygote: must be single-threaded".into());
-    }
+fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening), SetupError> {
+    // Every sandbox is a fork of this process.
+    let one = SingleThreaded::check()
+        .ok_or_else(|| SetupError::new("zygote: must be single-threaded"))?;
     let cfg: ZygoteConfig = match wire::recv(control.as_fd()) {
         Ok(Some(m)) => m.message,
         other => {
-            return Err(format!(
-                "zygote: no configuration from the engine ({:?})",
-                other.err()
+            return Err(SetupError::text(
+                "zygote: no configuration from the engine",
+                format!("{:?}", other.err()),
             ))
         }
     };
-    let host_root = Uid::current().is_root();
-    nix::sched::unshare(CloneFlags::CLONE_NEWUSER)
-        .map_err(|e| format!("unshare user namespace: {e}"))?;
-    wire::send(control.as_fd(), &FromZygote::NeedMaps, &[]).map_err(|e| format!("zygote: {e}"))?;
-    match wire::recv::<ToZygote>(control.as_fd()) {
-        Ok(Some(wire::Received {
-            message: ToZygote::MapsWritten,
-            ..
-        })) => {}
-        _ => return Err("user namespace: the engine did not write the id maps".into()),
-    }
-    if host_root {
-        // Host root's supplementary groups would still grant group access to host files.
-        nix::unistd::setgroups(&[]).map_err(|e| format!("drop supplementary groups: {e}"))?;
-    }
-    // Become the namespace's root, which the engine mapped to an unprivileged host id.
-    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
-        .map_err(|e| format!("setresgid 0: {e}"))?;
-    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
-        .map_err(|e| format!("setresuid 0: {e}"))?;
-    // Changing credentials cleared the dumpable flag, which would make /proc/<pid> of our own
-    // sandboxes owned by host root and their id maps unwritable for us.
-    nix::sys::prctl::set_dumpable(true).map_err(|e| format!("set dumpable: {e}"))?;
+    // The engine writes the maps; until then the zygote has no identity in its namespace.
+    identity::enter_user_namespace(control)?;
     // Created after the user namespace, so they are owned by it.
     let ns = CloneFlags::CLONE_NEWNS
         | CloneFlags::CLONE_NEWNET
         | CloneFlags::CLONE_NEWIPC
         | CloneFlags::CLONE_NEWUTS;
-    nix::sched::unshare(ns).map_err(|e| format!("unshare mount/net/ipc/uts namespaces: {e}"))?;
+    nix::sched::unshare(ns)
+        .map_err(|e| SetupError::errno("unshare mount/net/ipc/uts namespaces", e))?;
     nix::mount::mount(
         None::<&str>,
         "/",
@@ -100,21 +81,53 @@ fn start(control: &OwnedFd) -> Result<(ZygoteConfig, Hardening), String> {
         nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
         None::<&str>,
     )
-    .map_err(|e| format!("make-rprivate /: {e}"))?;
-    sys::loopback_up().map_err(|e| format!("bring up lo: {e}"))?;
-    nix::unistd::sethostname("forkbox").map_err(|e| format!("sethostname: {e}"))?;
+    .map_err(|e| SetupError::errno("make-rprivate", e).at("/"))?;
+    sys::loopback_up().map_err(|e| SetupError::errno("bring up lo", e))?;
+    nix::unistd::sethostname("forkbox").map_err(|e| SetupError::errno("sethostname", e))?;
     // The watchdog's kills should not queue behind the jobs it watches. Only possible with
     // privilege; sandboxes go back to the normal priority as their first step.
     let _ = sys::set_nice(ZYGOTE_NICE);
     let hardening = Hardening {
-        seccomp: seccomp::compile().map_err(|e| e.to_string())?,
+        seccomp: seccomp::compile()
+            .map_err(|e| SetupError::text("compile the seccomp policy", e))?,
         last_capability: sys::last_capability(),
     };
+    // Before the first sandbox, so that every one of them is a fork of the warm interpreter.
+    let python = cfg.python.as_ref().map(super::runtime::python::warm_up);
     let ready = FromZygote::Ready {
         seccomp_instructions: hardening.seccomp.len(),
+        python,
     };
-    wire::send(control.as_fd(), &ready, &[]).map_err(|e| format!("zygote: {e}"))?;
-    Ok((cfg, hardening))
+    wire::send(control.as_fd(), &ready, &[])
+        .map_err(|e| SetupError::errno("zygote: report ready", e))?;
+    Ok((one, cfg, hardening))
+}
+
+/// The zygote's epoll set and what each of its tokens refers to.
+struct Poll {
+    epoll: Epoll,
+    tokens: HashMap<u64, Source>,
+    next_token: u64,
+}
+
+impl Poll {
+    fn watch(&mut self, fd: BorrowedFd<'_>, source: Source) {
+        let token = self.next_token;
+        self.next_token += 1;
+        // Epoll keeps the number, not a reference: every source is unwatched before its close.
+        if self
+            .epoll
+            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, token))
+            .is_ok()
+        {
+            self.tokens.insert(token, source);
+        }
+    }
+
+    fn unwatch(&mut self, fd: BorrowedFd<'_>, source: Source) {
+        let _ = self.epoll.delete(fd);
+        self.tokens.retain(|_, s| *s != source);
+    }
 }
 
 /// What an epoll token refers to.
@@ -148,14 +161,11 @@ struct Sandbox {
     timeout_ms: u64,
     exec_notify: Option<OwnedFd>,
     notify_bytes: Vec<u8>,
-    exec_ns: Option<i64>,
-    deadline: Option<(TimerFd, i64)>,
+    deadline: Option<Deadline>,
     exit: Exit,
-    setup_error: Option<String>,
+    setup_error: Option<SetupError>,
     /// Host pid of the launcher (learned from its ready message's credentials).
     launcher: Option<i32>,
-    /// The sandbox's network namespace, returned to the pool when the sandbox is gone.
-    net: Option<NetNs>,
 }
 
 struct Request {
@@ -165,43 +175,49 @@ struct Request {
 }
 
 struct Zygote {
+    /// This process has one thread, so it may clone sandboxes.
+    one: SingleThreaded,
     control: OwnedFd,
     cfg: ZygoteConfig,
     hardening: Hardening,
-    epoll: Epoll,
-    tokens: HashMap<u64, Source>,
-    next_token: u64,
+    poll: Poll,
     sandboxes: HashMap<i32, Sandbox>,
     ready: VecDeque<i32>,
     next_id: u64,
     by_req: HashMap<u64, i32>,
     pending: VecDeque<Request>,
-    /// Network namespaces for the sandboxes (with `net_per_sandbox`).
-    net: NetPool,
+    /// Makes each sandbox's network namespace (with `net_per_sandbox`).
+    net: NetFactory,
     /// The last warm-up failure: while set, sandboxes are only built on demand, so a broken
     /// host fails each job with the reason instead of spinning.
-    broken: Option<String>,
+    broken: Option<SetupError>,
 }
 
 impl Zygote {
-    fn new(control: OwnedFd, cfg: ZygoteConfig, hardening: Hardening) -> Zygote {
+    fn new(
+        one: SingleThreaded,
+        control: OwnedFd,
+        cfg: ZygoteConfig,
+        hardening: Hardening,
+    ) -> Zygote {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap_or_else(|e| {
             eprintln!("forkbox zygote: epoll: {e}");
             sys::exit_now(1)
         });
-        // Every sandbox alive (the pool and those running) may hold one; a few more absorb
-        // the moments when sandboxes end faster than new ones start.
-        let net = NetPool::new(cfg.pool * 2 + 2).unwrap_or_else(|e| {
+        let net = NetFactory::new().unwrap_or_else(|e| {
             eprintln!("forkbox zygote: {e}");
             sys::exit_now(1)
         });
         let mut z = Zygote {
+            one,
             control,
             cfg,
             hardening,
-            epoll,
-            tokens: HashMap::new(),
-            next_token: 1,
+            poll: Poll {
+                epoll,
+                tokens: HashMap::new(),
+                next_token: 1,
+            },
             sandboxes: HashMap::new(),
             ready: VecDeque::new(),
             next_id: 1,
@@ -210,37 +226,15 @@ impl Zygote {
             net,
             broken: None,
         };
-        let control = z.control.as_raw_fd();
-        z.watch(control, Source::Control);
+        z.poll.watch(z.control.as_fd(), Source::Control);
         z
-    }
-
-    fn watch(&mut self, fd: i32, source: Source) {
-        let token = self.next_token;
-        self.next_token += 1;
-        // Epoll keeps the number, not a reference: every source is unwatched before its close.
-        if self
-            .epoll
-            .add(
-                sys::borrow_fd(fd),
-                EpollEvent::new(EpollFlags::EPOLLIN, token),
-            )
-            .is_ok()
-        {
-            self.tokens.insert(token, source);
-        }
-    }
-
-    fn unwatch(&mut self, fd: i32, source: Source) {
-        let _ = self.epoll.delete(sys::borrow_fd(fd));
-        self.tokens.retain(|_, s| *s != source);
     }
 
     fn run(mut self) {
         self.replenish();
         let mut events = [EpollEvent::empty(); 64];
         loop {
-            let n = match self.epoll.wait(&mut events, EpollTimeout::NONE) {
+            let n = match self.poll.epoll.wait(&mut events, EpollTimeout::NONE) {
                 Ok(n) => n,
                 Err(Errno::EINTR) => continue,
                 Err(e) => {
@@ -253,7 +247,7 @@ impl Zygote {
             // its job starts, so that must be known before the sandbox's exit is handled.
             let mut ready: Vec<Source> = events[..n]
                 .iter()
-                .filter_map(|e| self.tokens.get(&e.data()).copied())
+                .filter_map(|e| self.poll.tokens.get(&e.data()).copied())
                 .collect();
             ready.sort_by_key(|s| match s {
                 Source::Deadline(_) => 0,
@@ -371,7 +365,7 @@ impl Zygote {
             self.report(Exit {
                 req,
                 exit_ns: mono_ns(),
-                error: Some("the sandbox ended before its job started".into()),
+                error: Some(SetupError::new("the sandbox ended before its job started")),
                 ..Exit::default()
             });
             return;
@@ -389,10 +383,9 @@ impl Zygote {
         sb.req = req;
         sb.timeout_ms = timeout_ms;
         sb.exit.req = req;
-        let raw = notify_r.as_raw_fd();
+        self.poll.watch(notify_r.as_fd(), Source::ExecNotify(pid));
         sb.exec_notify = Some(notify_r);
         self.by_req.insert(req, pid);
-        self.watch(raw, Source::ExecNotify(pid));
     }
 
     /// How many sandboxes are in `phase`.
@@ -439,7 +432,7 @@ impl Zygote {
                     self.report(Exit {
                         req: request.req,
                         exit_ns: mono_ns(),
-                        error: Some(format!("exec-notify pipe: {e}")),
+                        error: Some(SetupError::errno("exec-notify pipe", e)),
                         ..Exit::default()
                     });
                     continue;
@@ -488,7 +481,7 @@ impl Zygote {
 
     /// Records a sandbox that could not be built and fails the oldest waiting job with the
     /// reason (fail closed); false when no job was waiting.
-    fn fail_next_pending(&mut self, error: String) -> bool {
+    fn fail_next_pending(&mut self, error: SetupError) -> bool {
         self.broken = Some(error.clone());
         let Some(r) = self.pending.pop_front() else {
             return false;
@@ -539,60 +532,47 @@ impl Zygote {
         }
     }
 
-    fn clone_sandbox(&mut self) -> Result<(), String> {
-        let (ours, theirs) = wire::seqpacket_pair().map_err(|e| format!("socketpair: {e}"))?;
-        wire::pass_credentials(&ours).map_err(|e| format!("SO_PASSCRED: {e}"))?;
+    fn clone_sandbox(&mut self) -> Result<(), SetupError> {
+        let (ours, theirs) =
+            wire::seqpacket_pair().map_err(|e| SetupError::errno("socketpair", e))?;
+        wire::pass_credentials(&ours).map_err(|e| SetupError::errno("SO_PASSCRED", e))?;
         let flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS;
-        // The sandbox's network namespace is not created by the clone: it is one of the pool's
-        // (see `netns`), entered around the clone so the child starts in it.
+        // The sandbox's network namespace is not created by the clone but by the zygote (see
+        // `netns`), and entered around the clone so the child starts in it.
         let net = if self.cfg.net_per_sandbox {
-            Some(self.net.take()?)
+            Some(self.net.make()?)
         } else {
             None
         };
         let cloned = match &net {
-            Some(ns) => self.net.clone_into(ns, flags),
-            None => sys::clone_into_namespaces(flags)
-                .map_err(|e| format!("clone sandbox namespaces: {e}")),
+            Some(ns) => self.net.clone_into(&self.one, ns, flags),
+            None => self
+                .one
+                .clone_into_namespaces(flags)
+                .map_err(|e| SetupError::errno("clone sandbox namespaces", e)),
         };
+        // From here the sandbox's processes alone hold its namespace: it goes when they do.
+        drop(net);
         let (pid, pidfd) = match cloned {
-            Err(e) => {
-                if let Some(ns) = net {
-                    self.net.give_back(ns);
-                }
-                return Err(e);
-            }
-            Ok(Forked::Child) => {
+            Err(e) => return Err(e),
+            Ok(Forked::Child(one)) => {
                 drop(ours);
-                super::init::main(theirs, &self.cfg, &self.hardening)
+                super::init::main(one, theirs, &self.cfg, &self.hardening)
             }
             Ok(Forked::Parent { pid, pidfd }) => (pid, pidfd.expect("clone3 returns a pidfd")),
         };
         drop(theirs);
-        // Each sandbox has its own user namespace, so RLIMIT_NPROC counts its processes alone;
-        // its root is the zygote's root, itself an unprivileged host id.
-        let maps = [
-            ("setgroups", "deny"),
-            ("uid_map", "0 0 1"),
-            ("gid_map", "0 0 1"),
-        ];
-        for (file, content) in maps {
-            let path = format!("/proc/{pid}/{file}");
-            if let Err(e) = fs::write(&path, content) {
-                self.abandon(pid, &pidfd, net);
-                return Err(format!("write {path}: {e}"));
-            }
-        }
-        if let Err(e) = wire::send(ours.as_fd(), &ToInit::MapsWritten, &[]) {
-            self.abandon(pid, &pidfd, net);
-            return Err(format!("signal sandbox: {e}"));
+        if let Err(e) = identity::write_sandbox_maps(pid, &ours) {
+            self.abandon(pid, &pidfd);
+            return Err(e);
         }
         let raw = pid.as_raw();
-        let (sock_fd, pidfd_fd) = (ours.as_raw_fd(), pidfd.as_raw_fd());
+        self.poll.watch(ours.as_fd(), Source::InitSocket(raw));
+        self.poll.watch(pidfd.as_fd(), Source::Exit(raw));
         let id = self.next_id;
         self.next_id += 1;
         self.sandboxes.insert(
@@ -607,26 +587,19 @@ impl Zygote {
                 timeout_ms: 0,
                 exec_notify: None,
                 notify_bytes: Vec::new(),
-                exec_ns: None,
                 deadline: None,
                 exit: Exit::default(),
                 setup_error: None,
                 launcher: None,
-                net,
             },
         );
-        self.watch(sock_fd, Source::InitSocket(raw));
-        self.watch(pidfd_fd, Source::Exit(raw));
         Ok(())
     }
 
     /// Kills and reaps a sandbox that could not be set up.
-    fn abandon(&mut self, pid: Pid, pidfd: &OwnedFd, net: Option<NetNs>) {
+    fn abandon(&mut self, pid: Pid, pidfd: &OwnedFd) {
         let _ = sys::pidfd_kill(pidfd);
         let _ = nix::sys::wait::waitpid(pid, None);
-        if let Some(ns) = net {
-            self.net.give_back(ns);
-        }
     }
 
     fn on_init_message(&mut self, pid: i32) {
@@ -634,7 +607,6 @@ impl Zygote {
             return;
         };
         let msg = wire::recv::<FromInit>(sb.sock.as_fd());
-        let sock = sb.sock.as_raw_fd();
         match msg {
             Ok(Some(wire::Received {
                 message: FromInit::Ready,
@@ -657,7 +629,9 @@ impl Zygote {
             }
             _ => {}
         }
-        self.unwatch(sock, Source::InitSocket(pid));
+        if let Some(sb) = self.sandboxes.get(&pid) {
+            self.poll.unwatch(sb.sock.as_fd(), Source::InitSocket(pid));
+        }
     }
 
     fn on_exec_notify(&mut self, pid: i32) {
@@ -677,12 +651,11 @@ impl Zygote {
             Err(Errno::EINTR | Errno::EAGAIN) => return,
             Err(_) => {}
         }
-        let raw = fd.as_raw_fd();
         let timeout_ms = sb.timeout_ms;
-        let stamp = super::init::parse_exec_note(&sb.notify_bytes);
-        self.unwatch(raw, Source::ExecNotify(pid));
-        let sb = self.sandboxes.get_mut(&pid).expect("present above");
-        sb.exec_notify = None;
+        let stamp = ExecNote::decode(&sb.notify_bytes);
+        if let Some(fd) = sb.exec_notify.take() {
+            self.poll.unwatch(fd.as_fd(), Source::ExecNotify(pid));
+        }
         let exec_ns = match stamp {
             Ok(ns) => ns,
             Err(reason) => {
@@ -690,24 +663,18 @@ impl Zygote {
                 return;
             }
         };
-        sb.exec_ns = Some(exec_ns);
         sb.exit.exec_ns = Some(exec_ns);
-        let deadline = exec_ns + timeout_ms as i64 * 1_000_000;
-        if let Ok(timer) = TimerFd::new(
-            ClockId::CLOCK_MONOTONIC,
-            TimerFlags::TFD_CLOEXEC | TimerFlags::TFD_NONBLOCK,
-        ) {
-            let at = TimeSpec::from_duration(std::time::Duration::from_nanos(deadline as u64));
-            if timer
-                .set(
-                    Expiration::OneShot(at),
-                    TimerSetTimeFlags::TFD_TIMER_ABSTIME,
-                )
-                .is_ok()
-            {
-                let raw = timer.as_fd().as_raw_fd();
-                sb.deadline = Some((timer, deadline));
-                self.watch(raw, Source::Deadline(pid));
+        match Deadline::arm(exec_ns, timeout_ms) {
+            Ok(deadline) => {
+                self.poll.watch(deadline.as_fd(), Source::Deadline(pid));
+                sb.deadline = Some(deadline);
+            }
+            Err(e) => {
+                // Fail closed: a program without a deadline is killed at once, and its
+                // outcome says why.
+                let _ = sys::pidfd_kill(&sb.pidfd);
+                sb.exit.killed = true;
+                sb.exit.error = Some(e);
             }
         }
     }
@@ -716,18 +683,12 @@ impl Zygote {
         let Some(sb) = self.sandboxes.get_mut(&pid) else {
             return;
         };
-        let Some((timer, deadline)) = sb.deadline.as_ref() else {
+        let Some(deadline) = sb.deadline.take() else {
             return;
         };
-        let _ = sys::pidfd_kill(&sb.pidfd);
-        let now = mono_ns();
         sb.exit.timed_out = true;
-        sb.exit.overshoot_ns = Some(now - deadline);
-        let raw = timer.as_fd().as_raw_fd();
-        self.unwatch(raw, Source::Deadline(pid));
-        if let Some(sb) = self.sandboxes.get_mut(&pid) {
-            sb.deadline = None;
-        }
+        sb.exit.overshoot_ns = Some(deadline.expire(&sb.pidfd));
+        self.poll.unwatch(deadline.as_fd(), Source::Deadline(pid));
     }
 
     fn on_exit(&mut self, pid: i32) {
@@ -747,25 +708,22 @@ impl Zygote {
         }
         let mut sb = self.sandboxes.remove(&pid).expect("present above");
         for (fd, source) in [
-            (Some(sb.pidfd.as_raw_fd()), Source::Exit(pid)),
-            (Some(sb.sock.as_raw_fd()), Source::InitSocket(pid)),
+            (Some(sb.pidfd.as_fd()), Source::Exit(pid)),
+            (Some(sb.sock.as_fd()), Source::InitSocket(pid)),
             (
-                sb.exec_notify.as_ref().map(|f| f.as_raw_fd()),
+                sb.exec_notify.as_ref().map(|f| f.as_fd()),
                 Source::ExecNotify(pid),
             ),
             (
-                sb.deadline.as_ref().map(|(t, _)| t.as_fd().as_raw_fd()),
+                sb.deadline.as_ref().map(|d| d.as_fd()),
                 Source::Deadline(pid),
             ),
         ] {
             if let Some(fd) = fd {
-                self.unwatch(fd, source);
+                self.poll.unwatch(fd, source);
             }
         }
         self.ready.retain(|p| *p != pid);
-        if let Some(ns) = sb.net.take() {
-            self.net.give_back(ns);
-        }
         match sb.phase {
             Phase::Running => {
                 self.by_req.remove(&sb.req);
@@ -780,7 +738,7 @@ impl Zygote {
                         std::io::Read::read_to_end(&mut fs::File::from(fd), &mut sb.notify_bytes);
                 }
                 if exit.exec_ns.is_none() && exit.error.is_none() {
-                    match super::init::parse_exec_note(&sb.notify_bytes) {
+                    match ExecNote::decode(&sb.notify_bytes) {
                         Ok(stamp) => exit.exec_ns = Some(stamp),
                         Err(_) if exit.killed => {}
                         Err(reason) => exit.error = Some(reason),
@@ -792,7 +750,7 @@ impl Zygote {
                 // A sandbox that could not be built: fail closed, and say why.
                 let error = sb
                     .setup_error
-                    .unwrap_or_else(|| "sandbox init exited during set-up".into());
+                    .unwrap_or_else(|| SetupError::new("sandbox init exited during set-up"));
                 self.fail_next_pending(error);
             }
             Phase::Ready | Phase::Handed => {

@@ -1,5 +1,10 @@
-//! Helpers shared by the sandbox test binaries.
+//! Helpers shared by the sandbox test binaries: who runs `forkbox` (host root, or `nobody`
+//! for the rootless case) and polling.
 
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// Polls `f` every 20 ms until it holds or `deadline` has passed; the last answer.
@@ -12,4 +17,77 @@ pub fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     f()
+}
+
+/// The `forkbox` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
+
+/// Who runs `forkbox`: host root, or `nobody` through `runuser` (the rootless case).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    Root,
+    Unprivileged,
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+/// The identities this host lets us test; the root variant is skipped, and says so, when the
+/// tests do not run as root.
+pub fn identities() -> Vec<Identity> {
+    if is_root() {
+        vec![Identity::Root, Identity::Unprivileged]
+    } else {
+        forkbox_queue::skip::skipped(format!(
+            "root variant (tests run as uid {})",
+            nix::unistd::Uid::effective()
+        ));
+        vec![Identity::Unprivileged]
+    }
+}
+
+/// The binary where `nobody` can reach it: a checkout under a private home directory is not
+/// traversable by other users, so it is copied to a world-readable place once.
+pub fn unprivileged_bin() -> &'static Path {
+    static COPY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let reachable = Command::new("runuser")
+            .args(["-u", "nobody", "--", "test", "-x", BIN])
+            .status();
+        if reachable.is_ok_and(|s| s.success()) {
+            return PathBuf::from(BIN);
+        }
+        let dir = std::env::temp_dir().join(format!("forkbox-test-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("forkbox");
+        std::fs::copy(BIN, &copy).unwrap();
+        for p in [&dir, &copy] {
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        }
+        copy
+    })
+}
+
+/// The program and leading arguments that run `forkbox` as `who`.
+pub fn forkbox_argv(who: Identity) -> Vec<String> {
+    match (who, is_root()) {
+        (Identity::Unprivileged, true) => vec![
+            "runuser".into(),
+            "-u".into(),
+            "nobody".into(),
+            "--".into(),
+            unprivileged_bin().to_string_lossy().into_owned(),
+        ],
+        _ => vec![BIN.into()],
+    }
+}
+
+/// `forkbox` as `who`, ready for its arguments.
+pub fn forkbox(who: Identity) -> Command {
+    let argv = forkbox_argv(who);
+    let mut c = Command::new(&argv[0]);
+    c.args(&argv[1..]);
+    c
 }

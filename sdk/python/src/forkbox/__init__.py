@@ -7,7 +7,7 @@
 
 from .aio import AsyncForkbox
 from .client import Forkbox, default_socket_path
-from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, JobRejected, ProtocolError, Timeout
+from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, JobRejected, PartitionsMismatch, ProtocolError, Timeout
 from .job import build_job
 from .redis_queue import Batch, Queue
 from .result import STATUSES, Result
@@ -22,6 +22,7 @@ __all__ = [
     "Forkbox",
     "ForkboxError",
     "JobRejected",
+    "PartitionsMismatch",
     "ProtocolError",
     "Queue",
     "Result",

@@ -22,7 +22,7 @@ from ._wire import (
     wait_budget,
 )
 from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, ProtocolError, Timeout
-from .job import Data, build_job, normalize_job
+from .job import Data, build_job, checked_keywords, normalize_job
 from .result import Result
 
 __all__ = ["AsyncForkbox"]
@@ -58,6 +58,7 @@ class AsyncForkbox:
     def __repr__(self) -> str:
         return f"AsyncForkbox(socket={self.socket_path!r})"
 
+    @checked_keywords("AsyncForkbox.run")
     async def run(
         self,
         cmd: Optional[str] = None,
@@ -77,6 +78,7 @@ class AsyncForkbox:
         file_size_mb: Optional[int] = None,
         open_files: Optional[int] = None,
         limits: Optional[Mapping[str, int]] = None,
+        runtime: Optional[str] = None,
         id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
@@ -99,10 +101,12 @@ class AsyncForkbox:
             file_size_mb=file_size_mb,
             open_files=open_files,
             limits=limits,
+            runtime=runtime,
             id=id,
         )
         return await self._send(job, wait_timeout, on_output)
 
+    @checked_keywords("AsyncForkbox.run_job")
     async def run_job(
         self,
         job: Mapping[str, Any],

@@ -40,7 +40,7 @@ from ._wire import (
     wait_budget,
 )
 from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, ProtocolError, Timeout
-from .job import Data, build_job, normalize_job
+from .job import Data, build_job, checked_keywords, normalize_job
 from .result import Result
 
 if sys.version_info >= (3, 10):
@@ -66,8 +66,8 @@ class _SharedOrBound(Generic[P, R]):
     instance.
     """
 
-    def __init__(self, func: Callable[Concatenate[Any, P], R]) -> None:
-        self._func = func
+    def __init__(self, func: Callable[Concatenate[Any, P], R], public: str) -> None:
+        self._func = checked_keywords(public)(func)
         self.__doc__ = func.__doc__
         self.__name__ = func.__name__
         self.__wrapped__ = func
@@ -213,7 +213,7 @@ class Forkbox:
 
     # -- running jobs --------------------------------------------------------------------
 
-    def _run(
+    def run(
         self,
         cmd: Optional[str] = None,
         *,
@@ -232,6 +232,7 @@ class Forkbox:
         file_size_mb: Optional[int] = None,
         open_files: Optional[int] = None,
         limits: Optional[Mapping[str, int]] = None,
+        runtime: Optional[str] = None,
         id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
@@ -262,11 +263,12 @@ class Forkbox:
             file_size_mb=file_size_mb,
             open_files=open_files,
             limits=limits,
+            runtime=runtime,
             id=id,
         )
         return self._send(job, wait_timeout, on_output)
 
-    def _run_job(
+    def run_job(
         self,
         job: Mapping[str, Any],
         *,
@@ -276,8 +278,9 @@ class Forkbox:
         """Runs a job given as a v1 job object (``{"cmd": ..., "limits": {...}}``)."""
         return self._send(normalize_job(job), wait_timeout, on_output)
 
-    run = _SharedOrBound(_run)
-    run_job = _SharedOrBound(_run_job)
+    # Defined under their public names, so Python's own errors name ``Forkbox.run``.
+    run = _SharedOrBound(run, "Forkbox.run")  # type: ignore[assignment]
+    run_job = _SharedOrBound(run_job, "Forkbox.run_job")  # type: ignore[assignment]
 
     def _send(self, job: Dict[str, Any], wait_timeout: Optional[float], on_output: Optional[OutputCallback]) -> Result:
         budget = wait_budget(job, wait_timeout, self.wait_slack_s)

@@ -17,6 +17,7 @@ __all__ = [
     "JobRejected",
     "Timeout",
     "ProtocolError",
+    "PartitionsMismatch",
 ]
 
 
@@ -56,3 +57,17 @@ class Timeout(ForkboxError, TimeoutError):
 
 class ProtocolError(ForkboxError):
     """The server sent something that does not follow the v1 protocol."""
+
+
+class PartitionsMismatch(ForkboxError, ValueError):
+    """The queue was created with another partition count than this client's ``partitions``."""
+
+    def __init__(self, queue: str, configured: int, live: str) -> None:
+        self.queue = queue
+        self.configured = configured
+        self.live = live
+        super().__init__(
+            f"queue {queue} has {live} partition(s) in Redis (forkbox:{{{queue}}}:meta), but "
+            f"{configured} were asked for (partitions={configured}); use partitions={live}, or "
+            "drain and delete the queue to change it"
+        )

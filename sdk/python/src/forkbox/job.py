@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import base64
+import difflib
+import functools
+import inspect
+import json
 import uuid
-from typing import Any, Dict, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
 
-__all__ = ["DEFAULT_TIMEOUT_MS", "Data", "JOB_FIELDS", "LIMIT_FIELDS", "build_job", "normalize_job", "new_id", "encode_data"]
+from ._schema import LIMIT_RANGES, SCHEMA
+from .errors import JobRejected
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "Data",
+    "JOB_FIELDS",
+    "LIMIT_FIELDS",
+    "build_job",
+    "checked_keywords",
+    "encode_data",
+    "new_id",
+    "normalize_job",
+    "validate_job",
+]
 
 #: File contents and stdin: text, or bytes (sent as text when they are UTF-8, else base64).
 Data = Union[str, bytes, bytearray, memoryview]
@@ -31,11 +49,64 @@ JOB_FIELDS = frozenset(
         "result_ttl_s",
         "max_attempts",
         "reply_to",
+        "runtime",
     }
 )
 
 #: Fields of a job's ``limits`` object; each is also a keyword of ``build_job``.
 LIMIT_FIELDS = ("memory_mb", "pids", "cpu_ms", "output_bytes", "disk_mb", "file_size_mb", "open_files")
+
+
+#: Keywords people reach for, and the one they mean.
+_KEYWORD_HINTS = {
+    "memory": "memory_mb",
+    "mem": "memory_mb",
+    "memory_limit": "memory_mb",
+    "timeout": "timeout_ms",
+    "timeout_s": "timeout_ms",
+    "cpu": "cpu_ms",
+    "cpu_time": "cpu_ms",
+    "disk": "disk_mb",
+    "processes": "pids",
+    "max_pids": "pids",
+    "input": "stdin",
+    "environment": "env",
+    "args": "argv",
+    "command": "cmd",
+    "workdir": "cwd",
+    "wait": "wait_timeout",
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def checked_keywords(public: str) -> Callable[[F], F]:
+    """Makes an unknown keyword a ``TypeError`` that names ``public`` (the call as users write
+    it, e.g. ``Forkbox.run``) and suggests the keyword that was probably meant."""
+
+    def wrap(func: F) -> F:
+        params = inspect.signature(func).parameters.values()
+        names = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"]
+        known = set(names)
+
+        @functools.wraps(func)
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            for k in kwargs:
+                if k not in known:
+                    raise TypeError(f"{public}() got an unexpected keyword argument {k!r}{_suggest(k, names)}")
+            return func(*args, **kwargs)
+
+        return checked  # type: ignore[return-value]
+
+    return wrap
+
+
+def _suggest(word: str, names: Sequence[str]) -> str:
+    hint = _KEYWORD_HINTS.get(word)
+    if hint not in names:
+        close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+        hint = close[0] if close else None
+    return f"; did you mean {hint!r}?" if hint else f"; it takes {', '.join(names)}"
 
 
 def new_id() -> str:
@@ -124,13 +195,15 @@ def build_job(
     result_ttl_s: Optional[int] = None,
     max_attempts: Optional[int] = None,
     reply_to: Optional[str] = None,
+    runtime: Optional[str] = None,
     id: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Builds a v1 job from keyword arguments.
 
     ``cmd`` is a shell string (run by ``/bin/sh -c``); ``argv`` a program and its arguments.
     The limit keywords (``memory_mb``, ``pids``, ...) fill the job's ``limits`` object and take
-    precedence over the same keys in ``limits``.
+    precedence over the same keys in ``limits``. ``runtime="python"`` runs a ``python3 ...``
+    command line in the node's warm interpreter (the result's ``runtime`` says whether it did).
     """
     if cmd is not None and not isinstance(cmd, str):
         raise TypeError(f"cmd must be a shell string, got {type(cmd).__name__}; use argv=[...] for a list")
@@ -160,5 +233,90 @@ def build_job(
         "result_ttl_s": result_ttl_s,
         "max_attempts": max_attempts,
         "reply_to": reply_to,
+        "runtime": runtime,
     }
     return normalize_job(job)
+
+
+def _int(job: Mapping[str, Any], field: str, lo: int, hi: int) -> None:
+    v = job.get(field)
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise JobRejected(f"{field}: invalid type: expected an integer, got {v!r:.40}")
+    if not lo <= v <= hi:
+        raise JobRejected(f"{field}: must be between {lo} and {hi}, got {v}")
+
+
+def _relative(field: str, path: Any) -> None:
+    if not isinstance(path, str):
+        raise JobRejected(f"{field}: invalid type: expected a string, got {path!r:.40}")
+    if "\0" in path:
+        raise JobRejected(f"{field}: contains a NUL byte")
+    if path == "":
+        raise JobRejected(f"{field}: path is empty")
+    if path.startswith("/"):
+        raise JobRejected(f"{field}: absolute paths are not allowed; paths are relative to the working directory")
+    if ".." in path.split("/"):
+        raise JobRejected(f"{field}: '..' is not allowed; paths must stay inside the working directory")
+
+
+def validate_job(job: Mapping[str, Any], max_job_bytes: Optional[int] = None) -> None:
+    """Refuses, with the worker's message (``field: reason``), what a worker would refuse.
+
+    The rules and ranges come from the protocol contract (``schema.json``); the worker checks
+    again, so this is an early, local answer, not the authority.
+    """
+    defaults = SCHEMA["defaults"]
+    unknown = sorted(set(job) - JOB_FIELDS)
+    if unknown:
+        raise JobRejected(f"job: unknown field `{unknown[0]}`, expected one of {', '.join(sorted(JOB_FIELDS))}")
+    jid = job.get("id")
+    if jid is not None:
+        if not isinstance(jid, str) or not 1 <= len(jid) <= defaults["max_id_len"]:
+            raise JobRejected(f"id: must be 1 to {defaults['max_id_len']} characters")
+        if not all(33 <= ord(c) <= 126 for c in jid):
+            raise JobRejected("id: must be printable ASCII without spaces")
+    cmd = job.get("cmd")
+    if cmd is not None and (not isinstance(cmd, str) or not cmd.strip()):
+        raise JobRejected("cmd: is empty" if isinstance(cmd, str) else "cmd: invalid type: expected a string")
+    argv = job.get("argv")
+    if argv is not None and (not argv or argv[0] == ""):
+        raise JobRejected("argv: is empty" if not argv else "argv[0]: is empty")
+    _int(job, "timeout_ms", 1, defaults["max_timeout_ms"])
+    _int(job, "max_attempts", 1, defaults["max_max_attempts"])
+    _int(job, "result_ttl_s", 1, defaults["max_result_ttl_s"])
+    batch = job.get("batch")
+    if batch is not None and (not isinstance(batch, str) or not 1 <= len(batch.encode()) <= defaults["max_batch_len"]):
+        raise JobRejected(f"batch: must be 1 to {defaults['max_batch_len']} bytes")
+    limits = job.get("limits")
+    if limits is not None:
+        if not isinstance(limits, Mapping):
+            raise JobRejected(f"limits: invalid type: expected an object, got {limits!r:.40}")
+        for name in limits:
+            if name not in LIMIT_RANGES:
+                raise JobRejected(f"limits: unknown field `{name}`, expected one of {', '.join(LIMIT_RANGES)}")
+        for name, (lo, hi) in LIMIT_RANGES.items():
+            v = limits.get(name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise JobRejected(f"limits.{name}: invalid type: expected an integer, got {v!r:.40}")
+            if not lo <= v <= hi:
+                raise JobRejected(f"limits.{name}: must be between {lo} and {hi}, got {v}")
+    env = job.get("env")
+    if env is not None:
+        for k in env:
+            if not isinstance(k, str) or k == "" or "=" in k or "\0" in k:
+                raise JobRejected(f"env.{k}: names must be non-empty, without '=' or NUL")
+    for path in job.get("files") or {}:
+        _relative(f"files.{path}", path)
+    for i, pattern in enumerate(job.get("collect") or []):
+        _relative(f"collect[{i}]", pattern)
+    cwd = job.get("cwd")
+    if isinstance(cwd, str) and ".." in cwd.split("/"):
+        raise JobRejected("cwd: must not contain '..'")
+    if max_job_bytes is not None:
+        size = len(json.dumps(job, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        if size > max_job_bytes:
+            raise JobRejected(f"job payload is {size} bytes, over the limit of {max_job_bytes} bytes")

@@ -9,14 +9,24 @@ key of one queue lives in one slot and multi-key commands work):
 - ``forkbox:{Q}:results``         stream of every result (field ``result``)
 - ``forkbox:{Q}:batch:<batch>``   hash; ``total`` (the client's), ``done`` and one field per status
 - ``forkbox:{Q}:cancelled``       sorted set id -> cancel time (ms); ``forkbox:{Q}:cancel`` channel
+- ``forkbox:{Q}:idem:<id>``       string; the idempotency marker the enqueue script sets
 
-docs/protocol.md is the contract; this module follows it.
+A queue may be split into ``N`` partitions (``partitions=N``, docs/protocol.md "Partitioned
+queues"): partition 0 keeps the tag ``{Q}``, partition ``p >= 1`` has ``{Q:p:k}``, and a job
+lives on partition ``crc16(id) mod N``. ``N`` is recorded in ``forkbox:{Q}:meta``; a client
+with another ``N`` is refused with :class:`PartitionsMismatch`.
+
+docs/protocol.md is the contract; the names come from ``schema.json`` (generated from the Rust
+``forkbox-queue`` crate), and jobs are added by the same enqueue script the Rust clients run.
 """
 
 from __future__ import annotations
 
+import binascii
 import importlib
 import json
+import os
+import urllib.parse
 import time
 import uuid
 import warnings
@@ -29,17 +39,40 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
+    Tuple,
     Union,
 )
 
-from .errors import JobRejected, ProtocolError, Timeout
-from .job import Data, build_job, normalize_job
+from ._schema import ENQUEUE_LUA, SCHEMA, key
+from .errors import JobRejected, PartitionsMismatch, ProtocolError, Timeout
+from .job import Data, build_job, checked_keywords, normalize_job, validate_job
 from .result import Result
 
-__all__ = ["Queue", "Batch", "JobSpec"]
+__all__ = ["Queue", "Batch", "JobSpec", "DEFAULT_REDIS_URL", "redis_url_from_env"]
 
 #: The queue's result lifetime when a job sets no ``result_ttl_s`` (docs/protocol.md).
-DEFAULT_RESULT_TTL_S = 86_400
+DEFAULT_RESULT_TTL_S: int = SCHEMA["defaults"]["result_ttl_s"]
+
+#: Largest job payload a worker accepts by default.
+DEFAULT_MAX_JOB_BYTES: int = SCHEMA["defaults"]["max_job_bytes"]
+
+#: Where ``Queue()`` connects when neither an argument nor ``$FORKBOX_REDIS_URL`` says.
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379"
+
+
+def redis_url_from_env() -> str:
+    """``$FORKBOX_REDIS_URL``, the setting every Forkbox command reads, else the default.
+
+    ``$FORKBOX_REDIS`` (an older name) is still read, with a warning.
+    """
+    url = os.environ.get("FORKBOX_REDIS_URL")
+    if url:
+        return url
+    old = os.environ.get("FORKBOX_REDIS")
+    if old:
+        warnings.warn("FORKBOX_REDIS is deprecated; set FORKBOX_REDIS_URL instead", DeprecationWarning, stacklevel=3)
+        return old
+    return DEFAULT_REDIS_URL
 
 #: What ``Queue.map`` and ``Queue.batch`` accept per job: a v1 job object, or a shell string.
 JobSpec = Union[Mapping[str, Any], str]
@@ -50,60 +83,235 @@ except ImportError:  # pragma: no cover
     _redis = None  # type: ignore[assignment]
 
 
+#: Hash slots of a Redis Cluster, and the most partitions a queue may have.
+CLUSTER_SLOTS: int = SCHEMA["partitions"]["slots"]
+MAX_PARTITIONS: int = SCHEMA["partitions"]["max"]
+
+
+def tag_slot(tag: str) -> int:
+    """The cluster slot of hash tag ``tag``: CRC16-CCITT (XMODEM) mod 16384, as Redis computes."""
+    return binascii.crc_hqx(tag.encode(), 0) % CLUSTER_SLOTS
+
+
+def partition_tag(queue: str, partition: int, partitions: int) -> str:
+    """The hash tag of partition ``partition`` of ``queue`` split into ``partitions``
+    (docs/protocol.md "Partitioned queues")."""
+    if partition == 0:
+        return queue
+
+    def band(slot: int) -> int:
+        return slot * partitions // CLUSTER_SLOTS
+
+    want = (band(tag_slot(queue)) + partition) % partitions
+    k = 0
+    while band(tag_slot(f"{queue}:{partition}:{k}")) != want:
+        k += 1
+    return f"{queue}:{partition}:{k}"
+
+
+def partition_of(job_id: str, partitions: int) -> int:
+    """The partition job ``job_id`` lives on: ``crc16(id) mod N``."""
+    return binascii.crc_hqx(job_id.encode(), 0) % max(partitions, 1)
+
+
 def _as_job(spec: JobSpec) -> Dict[str, Any]:
     if isinstance(spec, str):
         return normalize_job({"cmd": spec})
     return normalize_job(spec)
 
 
-class Queue:
-    """A job queue on Redis: ``Queue("redis://host:6379", queue="default")``.
+def _connect(url: str, cluster: bool) -> Any:
+    """A redis-py client for ``url``: one server, or with ``cluster`` a ``RedisCluster`` reached
+    through one or more comma-separated seed URLs (``redis://h1:7000,redis://h2:7000``)."""
+    if _redis is None:  # pragma: no cover
+        raise ImportError("forkbox.Queue needs redis-py: pip install redis")
+    seeds = [u.strip() for u in url.split(",")]
+    if any(not u for u in seeds):
+        raise ValueError(f"redis {url!r}: an empty URL in the list")
+    if not cluster:
+        if len(seeds) > 1:
+            raise ValueError(f"redis {url!r}: several URLs name a Redis Cluster's seed nodes; pass cluster=True")
+        return _redis.Redis.from_url(url)
+    from redis.cluster import ClusterNode, RedisCluster
 
-    ``redis`` may also be a ``redis.Redis`` client (it must not decode responses). ``block_s``
+    nodes = []
+    auth: Dict[str, Any] = {}
+    for seed in seeds:
+        parts = urllib.parse.urlsplit(seed)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            raise ValueError(f"cluster seed {seed!r}: expected redis://host:port")
+        nodes.append(ClusterNode(parts.hostname, parts.port or 6379))
+        if parts.password and "password" not in auth:
+            auth["password"] = urllib.parse.unquote(parts.password)
+            if parts.username:
+                auth["username"] = urllib.parse.unquote(parts.username)
+        if parts.scheme == "rediss":
+            auth["ssl"] = True
+    try:
+        return RedisCluster(startup_nodes=nodes, **auth)
+    except (_redis.exceptions.RedisError, _redis.exceptions.RedisClusterException) as e:
+        shown = ",".join(f"{n.host}:{n.port}" for n in nodes)
+        raise ConnectionError(
+            f"cannot use {shown} as Redis Cluster seeds: {e} (are they nodes of a cluster with "
+            "every slot served? a single server is used without cluster=True)"
+        ) from e
+
+
+class Queue:
+    """A job queue on Redis: ``Queue("redis://host:6379", queue="default")``, or on a Redis
+    Cluster: ``Queue("redis://h1:7000,redis://h2:7000", cluster=True)``.
+
+    Without ``redis``, the URL is ``$FORKBOX_REDIS_URL`` (as for the ``forkbox`` commands),
+    else ``redis://127.0.0.1:6379``. ``redis`` may also be a ``redis.Redis`` or
+    ``redis.cluster.RedisCluster`` client (it must not decode responses). Every key of a queue
+    carries its ``{Q}`` hash tag, so each call touches one slot and works the same on a
+    cluster. ``max_job_bytes`` is the workers' payload limit, checked before a job is sent.
+    ``partitions`` is the queue's partition count (docs/protocol.md "Partitioned queues"): jobs
+    spread over the partitions by id, and it must match the count the queue was created with
+    (recorded in ``forkbox:{Q}:meta`` by its first user), else :class:`PartitionsMismatch`.
+    ``block_s``
     bounds each blocking Redis call, so waits re-check for results whose wake-up another client
     consumed, and stay interruptible.
     """
 
-    def __init__(self, redis: Union[str, Any] = "redis://127.0.0.1:6379", queue: str = "default", *, block_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        redis: Union[str, Any, None] = None,
+        queue: str = "default",
+        *,
+        block_s: float = 1.0,
+        max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
+        cluster: bool = False,
+        partitions: int = 1,
+    ) -> None:
+        if redis is None:
+            redis = redis_url_from_env()
         if not (1 <= len(queue) <= 64) or not all(33 <= ord(c) <= 126 and c not in "{}:" for c in queue):
             raise ValueError(
                 f"queue name {queue!r} is invalid: 1 to 64 printable ASCII characters without "
                 "spaces, braces or colons"
             )
+        if not isinstance(partitions, int) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise ValueError(f"queue {queue}: {partitions!r} partitions is not 1 to {MAX_PARTITIONS}")
+        #: Hash tags of the partitions, partition 0 (``Q``) first.
+        self.tags: List[str] = [partition_tag(queue, p, partitions) for p in range(partitions)]
+        self.partitions = partitions
+        self._layout_checked = False
         if isinstance(redis, str):
-            if _redis is None:  # pragma: no cover
-                raise ImportError("forkbox.Queue needs redis-py: pip install redis")
-            self.redis: Any = _redis.Redis.from_url(redis)
+            self.redis: Any = _connect(redis, cluster)
         else:
             self.redis = redis
+        #: Whether the client talks to a Redis Cluster (sharded pub/sub for cancellation).
+        self.cluster = type(self.redis).__name__ == "RedisCluster"
         self.name = queue
         self.block_s = block_s
-        self._prefix = f"forkbox:{{{queue}}}"
+        self.max_job_bytes = max_job_bytes
+        self._enqueue_script = self.redis.register_script(ENQUEUE_LUA)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
 
     # -- keys ----------------------------------------------------------------------------
 
+    def partition_of(self, job_id: str) -> int:
+        """The partition job ``job_id`` lives on."""
+        return partition_of(job_id, self.partitions)
+
+    def _tag(self, job_id: str) -> str:
+        return self.tags[self.partition_of(job_id)]
+
     @property
     def jobs_key(self) -> str:
-        return f"{self._prefix}:jobs"
+        """Partition 0's job stream (the queue's only one when unpartitioned)."""
+        return key("jobs", self.name)
+
+    def jobs_key_of(self, partition: int) -> str:
+        return key("jobs", self.tags[partition])
 
     @property
     def results_key(self) -> str:
-        return f"{self._prefix}:results"
+        """Partition 0's results stream (the queue's only one when unpartitioned)."""
+        return key("results", self.name)
+
+    def results_key_of(self, partition: int) -> str:
+        return key("results", self.tags[partition])
+
+    @property
+    def meta_key(self) -> str:
+        return key("meta", self.name)
 
     def result_key(self, job_id: str) -> str:
-        return f"{self._prefix}:result:{job_id}"
+        return key("result", self._tag(job_id), id=job_id)
 
     def done_key(self, job_id: str) -> str:
-        return f"{self._prefix}:done:{job_id}"
+        return key("done", self._tag(job_id), id=job_id)
 
-    def batch_key(self, batch_id: str) -> str:
-        return f"{self._prefix}:batch:{batch_id}"
+    def batch_key(self, batch_id: str, partition: int = 0) -> str:
+        """A batch's counters on ``partition`` (each partition counts its own jobs)."""
+        return key("batch", self.tags[partition], batch=batch_id)
+
+    def idem_key(self, job_id: str) -> str:
+        return key("idem", self._tag(job_id), id=job_id)
+
+    def replies_key(self, name: str, job_id: Optional[str] = None) -> str:
+        """``forkbox:{Q}:replies:<name>``: a stream this queue's jobs may name as ``reply_to``.
+        On a partitioned queue a job replies on its own partition: pass its ``job_id``."""
+        tag = self.name if job_id is None else self._tag(job_id)
+        return key("replies", tag, name=name)
+
+    def _check_reply_to(self, reply_to: Any, job_id: str) -> None:
+        """A worker makes a job ``invalid`` whose ``reply_to`` is not one of its partition's
+        replies streams; say so before sending it."""
+        if reply_to is None:
+            return
+        prefix = self.replies_key("", job_id)
+        name = reply_to[len(prefix) :] if isinstance(reply_to, str) and reply_to.startswith(prefix) else None
+        if name is None or not 1 <= len(name) <= 128 or not all(33 <= ord(c) <= 126 for c in name):
+            which = f"queue {self.name}" if self.partitions == 1 else f"partition {self.partition_of(job_id)} of queue {self.name}"
+            raise JobRejected(
+                f"reply_to: a job of {which} may reply only to {prefix}<name> "
+                f"(1 to 128 printable ASCII characters), got {reply_to!r:.80}"
+            )
+
+    def check_layout(self, record: bool = True) -> None:
+        """Checks ``partitions`` against the queue's recorded count (``forkbox:{Q}:meta``),
+        recording it first when the queue has none and ``record`` is true. Raises
+        :class:`PartitionsMismatch` naming both counts. Enqueueing does this once by itself."""
+        field = SCHEMA["partitions"]["meta_field"]
+        if record:
+            self.redis.hsetnx(self.meta_key, field, self.partitions)
+        live = self.redis.hget(self.meta_key, field)
+        if live is None and not record:
+            return
+        live_s = live.decode() if isinstance(live, bytes) else str(live)
+        if live_s.strip() != str(self.partitions):
+            raise PartitionsMismatch(self.name, self.partitions, live_s)
+        self._layout_checked = True
+
+    def _layout(self) -> None:
+        if not self._layout_checked:
+            self.check_layout(record=True)
+
+    def live_workers(self) -> int:
+        """How many workers have a live heartbeat on this queue (their keys expire when they stop)."""
+        pattern = _glob_escape(key("worker", self.name, name="")) + "*"
+        return sum(1 for _ in self.redis.scan_iter(match=pattern, count=1000))
+
+    def _timeout_hint(self) -> str:
+        """Why a wait may never end, when that is why: nothing serves the queue."""
+        try:
+            if self.live_workers() == 0:
+                return (
+                    f"; no worker is serving queue {self.name!r} (no live heartbeat): start one "
+                    f"with `forkbox worker --queues {self.name}`, or check the queue name"
+                )
+        except Exception:  # the hint is best effort; the Timeout is the news
+            pass
+        return ""
 
     # -- submitting ----------------------------------------------------------------------
 
+    @checked_keywords("Queue.submit")
     def submit(
         self,
         job: Optional[JobSpec] = None,
@@ -128,13 +336,14 @@ class Queue:
         result_ttl_s: Optional[int] = None,
         max_attempts: Optional[int] = None,
         reply_to: Optional[str] = None,
+        runtime: Optional[str] = None,
         id: Optional[str] = None,
     ) -> str:
         """Enqueues one job and returns its id.
 
         Pass a v1 job object (``{"cmd": ..., "limits": {...}}``) or a shell string as ``job``,
         or the keywords of :meth:`forkbox.Forkbox.run` (plus ``batch``, ``result_ttl_s``,
-        ``max_attempts``, ``reply_to``).
+        ``max_attempts``, ``reply_to``, ``runtime``).
         """
         if job is not None:
             kw = dict(
@@ -142,7 +351,7 @@ class Queue:
                 cwd=cwd, collect=collect, memory_mb=memory_mb, pids=pids, cpu_ms=cpu_ms,
                 output_bytes=output_bytes, disk_mb=disk_mb, file_size_mb=file_size_mb,
                 open_files=open_files, limits=limits, batch=batch, result_ttl_s=result_ttl_s,
-                max_attempts=max_attempts, reply_to=reply_to, id=id,
+                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime, id=id,
             )  # fmt: skip
             extra = sorted(k for k, v in kw.items() if v is not None)
             if extra:
@@ -154,32 +363,81 @@ class Queue:
                 cwd=cwd, collect=collect, memory_mb=memory_mb, pids=pids, cpu_ms=cpu_ms,
                 output_bytes=output_bytes, disk_mb=disk_mb, file_size_mb=file_size_mb,
                 open_files=open_files, limits=limits, batch=batch, result_ttl_s=result_ttl_s,
-                max_attempts=max_attempts, reply_to=reply_to, id=id,
+                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime, id=id,
             )  # fmt: skip
         return self._enqueue([wire])[0]
 
     def _enqueue(self, jobs: Sequence[Dict[str, Any]]) -> List[str]:
-        """XADDs the jobs in one transaction; batch totals are counted before the jobs land."""
+        """Runs the enqueue script for each job, pipelined (see :meth:`_enqueue_entries`)."""
+        return [job_id for job_id, _new in self._enqueue_entries(jobs)]
+
+    def _enqueue_entries(self, jobs: Sequence[Dict[str, Any]]) -> List[Tuple[str, bool]]:
+        """Adds each job with the protocol's enqueue script, as every Forkbox client does: an
+        id still pending or with a live result is not added again (``new`` is False), the
+        entry is marked ``vetted``, and a batch's ``total`` counts each id once."""
         if not jobs:
             return []
-        pipe = self.redis.pipeline(transaction=True)
-        totals: Dict[str, int] = {}
-        ttls: Dict[str, int] = {}
         for j in jobs:
-            b = j.get("batch")
-            if isinstance(b, str):
-                totals[b] = totals.get(b, 0) + 1
-                ttl = j.get("result_ttl_s")
-                ttls[b] = max(ttls.get(b, 0), ttl if isinstance(ttl, int) and ttl > 0 else DEFAULT_RESULT_TTL_S)
-        for b, n in totals.items():
-            pipe.hincrby(self.batch_key(b), "total", n)
-            # Workers renew this TTL at each result; set it here too, so a batch whose jobs
-            # never run does not stay forever.
-            pipe.expire(self.batch_key(b), ttls[b])
+            validate_job(j, self.max_job_bytes)
+            self._check_reply_to(j.get("reply_to"), j["id"])
+        self._layout()
+        if self.partitions == 1:
+            groups = {0: list(jobs)}
+        else:
+            groups = {}
+            for j in jobs:
+                groups.setdefault(self.partition_of(j["id"]), []).append(j)
+        added: Dict[str, bool] = {}
+        for p, part in groups.items():
+            if self.cluster:
+                got = self._on_queue_node(lambda client: self._enqueue_pipelined(client, part, p), self.jobs_key_of(p))
+            else:
+                got = self._enqueue_pipelined(self.redis, part, p)
+            for job_id, new in got:
+                added[job_id] = added.get(job_id, False) or new
+        return [(j["id"], added[j["id"]]) for j in jobs]
+
+    def _on_queue_node(self, run: Any, slot_key: Optional[str] = None) -> Any:
+        """Runs ``run(client)`` with a plain client of the cluster node serving the queue's slot:
+        redis-py's cluster pipelines refuse scripts, a node's own pipeline does not. A slot that
+        moved (``MOVED``, a failover) refreshes the slot map and tries again; the enqueue script
+        is idempotent per id, so a repeat adds nothing twice."""
+        last: Optional[Exception] = None
+        for attempt in range(5):
+            node = self.redis.get_node_from_key(slot_key or self.jobs_key)
+            try:
+                return run(self.redis.get_redis_connection(node))
+            except (_redis.exceptions.ResponseError, _redis.exceptions.ConnectionError, _redis.exceptions.TimeoutError) as e:
+                ex = _redis.exceptions
+                transient = tuple(
+                    getattr(ex, n) for n in ("AskError", "MovedError", "ClusterDownError", "TryAgainError", "MasterDownError")
+                    if hasattr(ex, n)
+                )
+                if not isinstance(e, (ex.ConnectionError, ex.TimeoutError) + transient) and not str(e).startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN")):
+                    raise
+                last = e
+                time.sleep(0.1 * 2**attempt)
+                self.redis.nodes_manager.initialize()
+        assert last is not None
+        raise last
+
+    def _enqueue_pipelined(self, client: Any, jobs: Sequence[Dict[str, Any]], partition: int = 0) -> List[Tuple[str, bool]]:
+        pipe = client.pipeline(transaction=False)
         for j in jobs:
-            pipe.xadd(self.jobs_key, {"job": json.dumps(j, ensure_ascii=False, separators=(",", ":"))})
-        pipe.execute()
-        return [j["id"] for j in jobs]
+            batch = j.get("batch")
+            ttl = j.get("result_ttl_s") or DEFAULT_RESULT_TTL_S
+            self._enqueue_script(
+                keys=[
+                    self.jobs_key_of(partition),
+                    self.idem_key(j["id"]),
+                    self.result_key(j["id"]),
+                    self.batch_key(batch if isinstance(batch, str) else "", partition),
+                ],
+                args=[json.dumps(j, ensure_ascii=False, separators=(",", ":")), ttl, "1" if isinstance(batch, str) else "0"],
+                client=pipe,
+            )
+        replies = pipe.execute()
+        return [(j["id"], int(r[0]) == 1) for j, r in zip(jobs, replies)]
 
     # -- results -------------------------------------------------------------------------
 
@@ -204,7 +462,7 @@ class Queue:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Timeout(f"no result for job {job_id} within {timeout}s (queue {self.name!r})")
+                    raise Timeout(f"no result for job {job_id} within {timeout}s (queue {self.name!r}){self._timeout_hint()}")
                 wait = min(wait, left)
             woke = self.redis.blmove(done, done, max(round(wait, 3), 0.01), "RIGHT", "LEFT")
             if woke is not None and self.redis.exists(self.result_key(job_id)) == 0:
@@ -253,15 +511,14 @@ class Queue:
             # starting after its newest entry at the time of the first submission. That stream
             # is capped, and a reader may fall behind, so results are also swept with MGET when
             # the stream is idle and every few seconds.
-            cursor = self._stream_tail()
+            cursors = self._stream_tails()
             top_up()
             last_progress = last_sweep = time.monotonic()
             while inflight:
                 finished: List[Result] = []
-                got = self.redis.xread({self.results_key: cursor}, count=1000, block=max(1, int(self.block_s * 1000)))
-                for _stream, entries in got or []:
+                got = self._read_results(cursors)
+                for _stream, entries in got:
                     for entry_id, fields in entries:
-                        cursor = entry_id
                         raw = fields.get(b"result")
                         if raw is None or not _mentions_any(raw, inflight):
                             continue
@@ -273,8 +530,7 @@ class Queue:
                     last_sweep = now
                     ids = [i for i in inflight if i not in {r.id for r in finished}]
                     if ids:
-                        raws = self.redis.mget([self.result_key(i) for i in ids])
-                        finished.extend(_parse_stored(r, i) for r, i in zip(raws, ids) if r is not None)
+                        finished.extend(self._results_of(ids))
                 for res in finished:
                     if res.id not in inflight:
                         continue  # seen twice (stream and sweep)
@@ -286,19 +542,53 @@ class Queue:
                     last_progress = time.monotonic()
                     top_up()
                 elif timeout is not None and time.monotonic() - last_progress > timeout:
-                    raise Timeout(f"no result within {timeout}s; {len(inflight)} jobs still unfinished")
+                    raise Timeout(
+                        f"no result within {timeout}s; {len(inflight)} jobs still unfinished{self._timeout_hint()}"
+                    )
         finally:
             if bar is not None:
                 bar.close()
 
-    def _stream_tail(self) -> Union[bytes, str]:
-        newest = self.redis.xrevrange(self.results_key, count=1)
-        return newest[0][0] if newest else b"0-0"
+    def _stream_tails(self) -> Dict[int, Union[bytes, str]]:
+        """The newest entry id of each partition's results stream."""
+        out: Dict[int, Union[bytes, str]] = {}
+        for p in range(self.partitions):
+            newest = self.redis.xrevrange(self.results_key_of(p), count=1)
+            out[p] = newest[0][0] if newest else b"0-0"
+        return out
+
+    def _read_results(self, cursors: Dict[int, Union[bytes, str]], block_s: Optional[float] = None) -> List[Any]:
+        """New entries of every partition's results stream after ``cursors`` (advanced in place).
+        Blocks up to ``block_s`` in all, one stream at a time: in a cluster the streams are in
+        different slots, which one XREAD cannot span."""
+        block_ms = max(1, int((self.block_s if block_s is None else block_s) * 1000))
+        per = max(1, block_ms // self.partitions)
+        out: List[Any] = []
+        for p in range(self.partitions):
+            # Block only while nothing came: what another stream holds is not kept waiting.
+            got = self.redis.xread({self.results_key_of(p): cursors[p]}, count=1000, block=None if out else per)
+            for stream, entries in got or []:
+                if entries:
+                    cursors[p] = entries[-1][0]
+                    out.append((stream, entries))
+        return out
+
+    def _results_of(self, ids: Sequence[str]) -> List[Result]:
+        """The stored results of ``ids`` (those that have one), one MGET per partition."""
+        by_part: Dict[int, List[str]] = {}
+        for i in ids:
+            by_part.setdefault(self.partition_of(i), []).append(i)
+        out: List[Result] = []
+        for part_ids in by_part.values():
+            raws = self.redis.mget([self.result_key(i) for i in part_ids])
+            out.extend(_parse_stored(r, i) for r, i in zip(raws, part_ids) if r is not None)
+        return out
 
     # -- batches and cancellation ----------------------------------------------------------
 
     def batch(self, jobs: Iterable[JobSpec], *, batch_id: Optional[str] = None, chunk: int = 500) -> Batch:
-        """Submits jobs as one batch (counted in ``forkbox:{Q}:batch:<id>``) and returns it."""
+        """Submits jobs as one batch (counted in ``forkbox:{Q}:batch:<id>``, on each partition
+        for its jobs) and returns it."""
         bid = batch_id or uuid.uuid4().hex
         ids: List[str] = []
         buf: List[Dict[str, Any]] = []
@@ -316,9 +606,14 @@ class Queue:
 
     def cancel(self, job_id: str) -> None:
         """Cancels a job: a queued job will not run, a running one is killed (``cancelled``)."""
+        tag = self._tag(job_id)
         pipe = self.redis.pipeline(transaction=True)
-        pipe.zadd(f"{self._prefix}:cancelled", {job_id: int(time.time() * 1000)})
-        pipe.publish(f"{self._prefix}:cancel", job_id)
+        pipe.zadd(key("cancelled", tag), {job_id: int(time.time() * 1000)})
+        if self.cluster:
+            # A sharded channel, in the job's partition's slot: workers SSUBSCRIBE on its shard.
+            pipe.execute_command("SPUBLISH", key("cancel_channel", tag), job_id)
+        else:
+            pipe.publish(key("cancel_channel", tag), job_id)
         pipe.execute()
 
 
@@ -337,15 +632,17 @@ class Batch:
         return len(self.ids)
 
     def counts(self) -> Dict[str, int]:
-        """The batch hash as integers: ``total``, ``done`` and one count per status."""
-        raw = self.queue.redis.hgetall(self.queue.batch_key(self.id))
+        """The batch hash as integers: ``total``, ``done`` and one count per status, summed
+        over the queue's partitions."""
         out: Dict[str, int] = {}
-        for k, v in raw.items():
-            key = k.decode() if isinstance(k, bytes) else str(k)
-            try:
-                out[key] = int(v)
-            except ValueError:
-                raise ProtocolError(f"batch field {key} is not an integer: {v!r}") from None
+        for p in range(self.queue.partitions):
+            raw = self.queue.redis.hgetall(self.queue.batch_key(self.id, p))
+            for k, v in raw.items():
+                key = k.decode() if isinstance(k, bytes) else str(k)
+                try:
+                    out[key] = out.get(key, 0) + int(v)
+                except ValueError:
+                    raise ProtocolError(f"batch field {key} is not an integer: {v!r}") from None
         return out
 
     def summary(self) -> Dict[str, int]:
@@ -363,7 +660,7 @@ class Batch:
         """
         q = self.queue
         deadline = None if timeout is None else time.monotonic() + timeout
-        last_id = q._stream_tail()
+        cursors = q._stream_tails()
         while True:
             c = self.counts()
             if c.get("done", 0) >= max(c.get("total", 0), len(self.ids)):
@@ -374,12 +671,10 @@ class Batch:
                 if left <= 0:
                     raise Timeout(
                         f"batch {self.id}: {c.get('done', 0)} of {len(self.ids)} jobs done after {timeout}s"
+                        f"{q._timeout_hint()}"
                     )
                 wait = min(wait, left)
-            got = q.redis.xread({q.results_key: last_id}, count=1000, block=max(1, int(wait * 1000)))
-            for _stream, entries in got or []:
-                if entries:
-                    last_id = entries[-1][0]
+            q._read_results(cursors, wait)
 
     def results(self, timeout: Optional[float] = None) -> Iterator[Result]:
         """Each job's result, in submission order (waiting for those not finished yet).
@@ -392,6 +687,11 @@ class Batch:
             except JobRejected as e:
                 assert e.result is not None
                 yield e.result
+
+
+def _glob_escape(s: str) -> str:
+    """``s`` matched literally by a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in s)
 
 
 def _parse_stored(raw: Union[bytes, str], job_id: str) -> Result:

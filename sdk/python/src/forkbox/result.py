@@ -82,12 +82,25 @@ class Result:
     worker: Optional[str] = None
     batch: Optional[str] = None
     watchdog_overshoot_us: Optional[int] = None
+    #: For a job that asked for a runtime: ``{"name": "python", "warm": bool, "note": ...}``.
+    runtime: Optional[Dict[str, Any]] = None
+    #: When the job was put on the stream, started, finished (Unix ms; None when not known).
+    enqueued_at_ms: Optional[int] = None
+    started_at_ms: Optional[int] = None
+    finished_at_ms: Optional[int] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def truncated(self) -> bool:
         """True when stdout or stderr was cut at the output limit."""
         return self.stdout_truncated or self.stderr_truncated
+
+    @property
+    def queue_wait_ms(self) -> Optional[int]:
+        """Time in queue, from enqueue to start, when both are known."""
+        if self.enqueued_at_ms is None or self.started_at_ms is None:
+            return None
+        return max(0, self.started_at_ms - self.enqueued_at_ms)
 
     @property
     def ok(self) -> bool:
@@ -131,6 +144,10 @@ class Result:
             worker=_get(d, "worker", str, None),
             batch=_get(d, "batch", str, None),
             watchdog_overshoot_us=_get(d, "watchdog_overshoot_us", int, None),
+            runtime=dict(d["runtime"]) if isinstance(d.get("runtime"), Mapping) else None,
+            enqueued_at_ms=_get(d, "enqueued_at_ms", int, None),
+            started_at_ms=_get(d, "started_at_ms", int, None),
+            finished_at_ms=_get(d, "finished_at_ms", int, None),
             raw=dict(d),
         )
 

@@ -9,8 +9,9 @@
 //!    the last stored result;
 //! 3. enqueue-to-result latency at light load: one job at a time, timed from before the
 //!    enqueue to the result read back by a waiting client (`wait_result`);
-//! 4. Redis cost per job during (2): round trips the node sent (counted by the node) and the
-//!    commands Redis executed (INFO commandstats deltas; script-internal calls included).
+//! 4. Redis cost per job during (2): round trips the node sent (counted by its broker in
+//!    forkbox-queue, heartbeats and claim refreshes included) and the commands Redis executed
+//!    (INFO commandstats deltas; script-internal calls included).
 //!
 //! It prints ratios against the baseline; `--json` prints the raw figures, `--section FILE`
 //! writes a `bench/report.py` section for docs/benchmarks.md.
@@ -25,10 +26,11 @@ use clap::Args;
 use forkbox_queue::{redis, Job, Queue, QueueConfig, RedisServer, Status};
 use serde::Serialize;
 
-use crate::cli::SandboxOpts;
-use crate::node::config::NodeConfig;
-use crate::node::worker::{Node, StopHandle, StopLevel};
-use crate::sandbox::Engine;
+use forkbox::node::{Node, NodeConfig, StopHandle, StopLevel};
+use forkbox::sandbox::Engine;
+
+use crate::cmd::opts::SandboxOpts;
+use crate::cmd::runtime;
 
 #[derive(Debug, Args)]
 pub struct QueueBenchArgs {
@@ -64,7 +66,7 @@ struct Latency {
 }
 
 fn latency(ms: Vec<f64>) -> Latency {
-    let (p50_ms, p99_ms, mean_ms, n) = crate::bench::percentiles(ms);
+    let (p50_ms, p99_ms, mean_ms, n) = super::percentiles(ms);
     Latency {
         p50_ms,
         p99_ms,
@@ -97,13 +99,11 @@ pub fn main(args: QueueBenchArgs) -> anyhow::Result<ExitCode> {
         args.jobs > 0 && args.latency_jobs > 0,
         "--jobs and --latency-jobs must be > 0"
     );
-    let slots = args
-        .slots
-        .unwrap_or_else(crate::node::config::default_slots);
+    let slots = args.slots.unwrap_or_else(forkbox::sandbox::default_slots);
     let server = RedisServer::start().context("starting a private redis-server")?;
     let engine =
         Engine::start(args.sandbox.engine_config(slots)).context("starting the sandbox engine")?;
-    let report = crate::cli::runtime()?.block_on(measure(&server, engine, slots, &args))?;
+    let report = runtime()?.block_on(measure(&server, engine, slots, &args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -170,7 +170,7 @@ async fn measure(
     ready_rx
         .await
         .context("the node stopped before it was ready")?;
-    let q = crate::node::client::connect(&server.url())
+    let q = crate::cmd::client::connect(&server.url())
         .await?
         .queue("bench", QueueConfig::default())?;
     let mut admin = q.broker().connection();
@@ -280,7 +280,7 @@ async fn wait_all(q: &Queue, ids: &[String]) -> anyhow::Result<()> {
 
 /// `cmdstat_<name>:calls=N,...` lines of INFO commandstats.
 async fn commandstats(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut forkbox_queue::Connection,
 ) -> anyhow::Result<BTreeMap<String, u64>> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")

@@ -17,9 +17,12 @@ use anyhow::Context;
 use clap::Args;
 use forkbox_queue::{FileData, Job, JobResult, QueueConfig, RedisServer, RedisServerOptions};
 
-use crate::cli::SandboxOpts;
-use crate::node::config::{self, NodeConfig};
-use crate::node::worker::{redact, Node, StopHandle, StopLevel};
+use forkbox::node::config::redact;
+use forkbox::node::config::{self, NodeConfig};
+use forkbox::node::{Node, StopHandle, StopLevel};
+
+use super::opts::{start_engine, SandboxOpts};
+use super::{init_logging, runtime};
 
 #[derive(Debug, Args)]
 pub struct UpArgs {
@@ -29,6 +32,9 @@ pub struct UpArgs {
     /// Always start a private redis-server (temporary directory, free port).
     #[arg(long)]
     pub own_redis: bool,
+    /// The port of the private redis-server, when one is started [default: a free one].
+    #[arg(long, value_name = "PORT")]
+    pub port: Option<u16>,
     /// Jobs run at once [default: the number of CPUs].
     #[arg(long)]
     pub slots: Option<usize>,
@@ -44,6 +50,9 @@ pub struct UpArgs {
     /// Run sample jobs, print their results as a table, and stop.
     #[arg(long)]
     pub demo: bool,
+    /// Serve from a Redis whose maxmemory-policy is not noeviction (it may evict jobs).
+    #[arg(long)]
+    pub allow_eviction: bool,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
 }
@@ -63,7 +72,7 @@ fn answers_ping(url: &str) -> bool {
 }
 
 pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
-    crate::node::cli::init_logging();
+    init_logging();
     anyhow::ensure!(
         args.grace.is_finite() && args.grace >= 0.0,
         "--grace takes a number of seconds"
@@ -73,7 +82,9 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
     let private = if args.own_redis || !answers_ping(&args.redis) {
         if !args.own_redis {
             eprintln!(
-                "forkbox up: nothing answers at {}; starting a private redis-server",
+                "forkbox up: no Redis answers at {}; starting a private redis-server instead \
+                 (its jobs and results are gone when up stops; give --own-redis to skip this \
+                 check, or start Redis there and run up again to use it)",
                 redact(&args.redis)
             );
         }
@@ -81,6 +92,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         // even when we are killed outright.
         let options = RedisServerOptions {
             die_with_parent: true,
+            port: args.port,
             ..RedisServerOptions::default()
         };
         Some(RedisServer::start_with(options).context(
@@ -101,15 +113,16 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     config.metrics_addr = Some(args.metrics_addr);
     config.grace = Duration::from_secs_f64(args.grace);
+    config.allow_eviction = args.allow_eviction;
     config.validate()?;
-    let engine = crate::cli::default_engine(config.slots, &args.sandbox)?;
+    let engine = start_engine(config.slots, &args.sandbox)?;
     let slots = config.slots;
     let name = config.name.clone();
     let node = Node::new(config, engine);
     let queue = args.queue.clone();
     let private_note = private.is_some();
 
-    let code = crate::cli::runtime()?.block_on(async move {
+    let code = runtime()?.block_on(async move {
         let stop = StopHandle::default();
         stop.on_signals(Duration::from_secs_f64(args.grace))?;
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
@@ -260,7 +273,7 @@ pub fn demo_jobs() -> Vec<(&'static str, Job)> {
 }
 
 async fn demo(url: &str, queue: &str) -> anyhow::Result<ExitCode> {
-    let q = crate::node::client::connect(url)
+    let q = super::client::connect(url)
         .await?
         .queue(queue, QueueConfig::default())?;
     let jobs = demo_jobs();

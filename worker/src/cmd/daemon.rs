@@ -22,8 +22,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
-use crate::cli::SandboxOpts;
-use crate::sandbox::{Engine, OutputChunk};
+use forkbox::sandbox::{Engine, OutputChunk};
+
+use super::opts::SandboxOpts;
 
 /// Options of `forkbox daemon`.
 #[derive(Debug, clap::Args)]
@@ -55,12 +56,7 @@ pub fn default_socket() -> PathBuf {
 }
 
 pub fn main(cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    super::init_logging();
     let path = cmd.socket.clone().unwrap_or_else(default_socket);
     let gid = match &cmd.group {
         Some(name) => Some(
@@ -71,16 +67,12 @@ pub fn main(cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
         ),
         None => None,
     };
-    let slots = cmd.slots.unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(2)
-    });
+    let slots = cmd.slots.unwrap_or_else(forkbox::sandbox::default_slots);
     // The engine first: its zygote must be exec'd before the runtime starts threads.
     let engine =
         Engine::start(cmd.sandbox.engine_config(slots)).context("starting the sandbox engine")?;
     let listener = bind(&path, gid)?;
-    let rt = crate::cli::runtime()?;
+    let rt = super::runtime()?;
     let result = rt.block_on(serve(listener, engine, cmd.max_request_bytes, &path, slots));
     let _ = std::fs::remove_file(&path);
     result.map(|()| ExitCode::SUCCESS)
@@ -227,13 +219,12 @@ fn parse_request(line: &[u8], max: usize) -> Request {
     }
 }
 
-fn result_line(id: Option<String>, outcome: Outcome) -> Vec<u8> {
+/// `times`: when the job started and finished (ms since the Unix epoch), for one that ran.
+fn result_line(id: Option<String>, outcome: Outcome, times: Option<(u64, u64)>) -> Vec<u8> {
     let result = JobResult {
-        id: id.unwrap_or_default(),
-        outcome,
-        attempt: 1,
-        worker: "daemon".into(),
-        batch: None,
+        started_at_ms: times.map(|t| t.0),
+        finished_at_ms: times.map(|t| t.1),
+        ..JobResult::new(id.unwrap_or_default(), outcome, 1, "daemon".into())
     };
     let mut v = serde_json::to_value(&result).unwrap_or_default();
     if v.get("id").and_then(|i| i.as_str()) == Some("") {
@@ -275,7 +266,11 @@ async fn serve_connection(
             Ok(Some(Line::TooLong(n))) => {
                 let reason =
                     format!("request line is over {max_request} bytes ({n} read before giving up)");
-                let _ = tx.send(result_line(None, Outcome::not_run(Status::Invalid, reason)));
+                let _ = tx.send(result_line(
+                    None,
+                    Outcome::not_run(Status::Invalid, reason),
+                    None,
+                ));
                 continue;
             }
             Ok(None) | Err(_) => break,
@@ -285,7 +280,11 @@ async fn serve_connection(
         }
         match parse_request(&line, max_request) {
             Request::Reject { id, reason } => {
-                let _ = tx.send(result_line(id, Outcome::not_run(Status::Invalid, reason)));
+                let _ = tx.send(result_line(
+                    id,
+                    Outcome::not_run(Status::Invalid, reason),
+                    None,
+                ));
             }
             Request::Run { job, id, stream } => {
                 let (engine, tx, gone) = (engine.clone(), tx.clone(), gone.clone());
@@ -305,9 +304,11 @@ async fn serve_connection(
                         }
                     };
                     let live = stream.then_some(chunk_tx);
+                    let started = forkbox_queue::now_ms();
                     let run = engine.run_with(&job, gone.notified(), live);
                     let (outcome, ()) = tokio::join!(run, forward);
-                    let _ = tx.send(result_line(Some(id), outcome));
+                    let times = (started, forkbox_queue::now_ms());
+                    let _ = tx.send(result_line(Some(id), outcome, Some(times)));
                 });
             }
         }

@@ -1,0 +1,71 @@
+"""bench/redis_cost.py: the per-job figures from Redis' counters, and the section it writes for
+bench/report.py, on readings in the format Redis gives."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import redis_cost  # noqa: E402
+
+
+def run(system, cpu_us, rate, calls):
+    return {"system": system, "cpu_us_per_job": cpu_us, "commands_per_job": sum(calls.values()) / 100,
+            "reads_per_job": 1.0, "jobs_per_s": rate, "completed": 100,
+            "by_command": {k: {"per_job": v / 100, "usec_per_call": 1.0} for k, v in calls.items()}}
+
+
+def meta(systems):
+    return {"date": "2026-12-02", "machine": "a shared 2-core VM", "jobs": 100, "slots": 2, "rounds": 2,
+            "systems": systems, "redis": "Redis server v=7.0.15"}
+
+
+def test_medians_take_each_systems_rounds_apart():
+    runs = [run("forkbox", 100, 300, {"evalsha": 200}), run("bullmq", 50, 2000, {"evalsha": 200}),
+            run("forkbox", 140, 280, {"evalsha": 200}), {"system": "bullmq", "error": "exit 1"},
+            run("forkbox", 120, 290, {"evalsha": 200})]
+    med = {m["system"]: m for m in redis_cost.medians(runs, ["forkbox", "bullmq"])}
+    assert med["forkbox"]["cpu_us_per_job"] == 120
+    assert med["forkbox"]["all_cpu_us_per_job"] == [100, 140, 120]
+    assert med["bullmq"]["rounds"] == 1, "a failed round is left out, not counted as zero"
+
+
+def test_the_section_says_which_target_is_met():
+    runs = [run("forkbox-before", 200, 280, {"evalsha": 250}), run("forkbox", 90, 300, {"evalsha": 200}),
+            run("bullmq", 150, 2500, {"evalsha": 200}), run("bullmq-true", 290, 270, {"evalsha": 200})]
+    systems = ["forkbox-before", "forkbox", "bullmq", "bullmq-true"]
+    s = redis_cost.section(meta(systems), redis_cost.medians(runs, systems))
+    assert s["section"] == "redis-cost" and s["order"] > 40
+    rows = s["tables"][0]["rows"]
+    assert [r[1] for r in rows] == ["200", "90", "150", "290"]
+    assert rows[1][5] == "300", "each system's job rate is shown"
+    target = s["notes"][-1]
+    assert "half the earlier build's Redis CPU per job (100 µs): met" in target
+    assert "no more than BullMQ's (150 µs, no-op run): met" in target
+    assert "same job rate (290 µs): met" in target
+
+
+def test_a_missed_target_is_said_so():
+    runs = [run("forkbox-before", 200, 280, {}), run("forkbox", 170, 300, {}), run("bullmq", 150, 2500, {})]
+    systems = ["forkbox-before", "forkbox", "bullmq"]
+    target = redis_cost.section(meta(systems), redis_cost.medians(runs, systems))["notes"][-1]
+    assert "(100 µs): not met" in target and "no-op run): not met" in target
+
+
+def test_a_fresh_redis_counts_commands_and_cpu_and_is_removed():
+    r = redis_cost.Redis()
+    try:
+        assert r.port != 6379
+        r.cli("config", "resetstat")
+        before = r.snapshot()
+        for i in range(5):
+            r.cli("set", f"k{i}", "v")
+        after = r.snapshot()
+        stats = r.commandstats()
+    finally:
+        r.stop()
+    assert stats["set"]["calls"] == 5
+    assert after["reads"] - before["reads"] >= 5, "one socket read per request at least"
+    assert after["cpu_s"] >= before["cpu_s"]
+    assert not os.path.exists(r.dir)
+    assert r.proc.poll() is not None

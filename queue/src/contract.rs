@@ -1,0 +1,181 @@
+//! The protocol contract as data, for clients in other languages.
+//!
+//! [`contract`] describes, from the types and constants of this crate, what a client must
+//! agree with: the job's fields, the limit names and their ranges, the defaults and a node's default
+//! maximums, the key layout,
+//! the stream fields, the statuses, and the enqueue script's source. `forkbox schema --json`
+//! prints it; the Python SDK ships it as `forkbox/schema.json` and its tests compare the SDK
+//! against it, and this module's test fails when that checked-in copy drifts from the code.
+
+use serde_json::{json, Value};
+
+use crate::keys::{Keys, GROUP, JOB_FIELD, RESULT_FIELD, VETTED_FIELD};
+use crate::queue::QueueConfig;
+use crate::schema::{
+    EffectiveLimits, FileData, Job, JobCeilings, Limits, Runtime, Status, DEFAULT_MAX_JOB_BYTES,
+    DEFAULT_TIMEOUT_MS, MAX_ATTEMPTS, MAX_BATCH_LEN, MAX_ID_LEN, MAX_RESULT_TTL_S, MAX_TIMEOUT_MS,
+};
+
+/// The enqueue script every client runs to add a job (idempotency marker, `vetted`, batch
+/// `total` counted once per id).
+pub const ENQUEUE_LUA: &str = include_str!("../lua/enqueue.lua");
+
+/// The contract, as JSON (see the module documentation).
+pub fn contract() -> Value {
+    let every_field = Job {
+        id: Some("x".into()),
+        stdin: Some(FileData::Text("x".into())),
+        env: [("A".to_owned(), "1".to_owned())].into(),
+        files: [("f".to_owned(), FileData::Text("x".into()))].into(),
+        cwd: Some("x".into()),
+        timeout_ms: Some(1),
+        limits: Limits {
+            memory_mb: Some(1),
+            ..Limits::default()
+        },
+        collect: vec!["x".into()],
+        batch: Some("x".into()),
+        result_ttl_s: Some(1),
+        max_attempts: Some(1),
+        reply_to: Some("x".into()),
+        runtime: Some(Runtime::Python),
+        ..Job::shell("x")
+    };
+    let mut job_fields: Vec<String> = object_keys(&every_field);
+    job_fields.push("argv".into());
+    job_fields.sort();
+    let limits: Vec<Value> = Limits::ranges()
+        .iter()
+        .map(|(name, min, max)| json!({"name": name, "min": min, "max": max}))
+        .collect();
+    let q = Keys::new("Q").expect("a valid queue name");
+    let queue = QueueConfig::default();
+    json!({
+        "protocol": 1,
+        "job_fields": job_fields,
+        "limits": limits,
+        "defaults": {
+            "timeout_ms": DEFAULT_TIMEOUT_MS,
+            "max_timeout_ms": MAX_TIMEOUT_MS,
+            "max_job_bytes": DEFAULT_MAX_JOB_BYTES,
+            "max_id_len": MAX_ID_LEN,
+            "max_batch_len": MAX_BATCH_LEN,
+            "max_max_attempts": MAX_ATTEMPTS,
+            "max_result_ttl_s": MAX_RESULT_TTL_S,
+            "result_ttl_s": queue.result_ttl_s,
+            "max_attempts": queue.max_attempts,
+            "limits": serde_json::to_value(EffectiveLimits::default()).expect("serializes"),
+        },
+        "node_maximums": serde_json::to_value(JobCeilings::default()).expect("serializes"),
+        "statuses": Status::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        "group": GROUP,
+        "stream_fields": {"job": JOB_FIELD, "vetted": VETTED_FIELD, "result": RESULT_FIELD},
+        "keys": {
+            "prefix": q.prefix(),
+            "jobs": q.jobs(),
+            "result": q.result("<id>"),
+            "done": q.done("<id>"),
+            "results": q.results(),
+            "dead": q.dead(),
+            "batch": q.batch("<batch>"),
+            "batch_lines": q.batch_lines("<batch>"),
+            "cancelled": q.cancelled(),
+            "cancel_channel": q.cancel_channel(),
+            "worker": q.worker("<name>"),
+            "idem": q.idem("<id>"),
+            "replies": q.replies("<name>"),
+            "meta": q.meta(),
+        },
+        "partitions": partitions_contract(),
+        "scripts": {"enqueue": ENQUEUE_LUA},
+    })
+}
+
+/// The partition rule (docs/protocol.md "Partitioned queues") with worked examples, so other
+/// languages check their implementation of it against this crate's.
+fn partitions_contract() -> Value {
+    use crate::keys::{partition_of, partition_tag, tag_slot, MAX_PARTITIONS, PARTITIONS_FIELD};
+    let tags = |queue: &str, n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|p| {
+                let tag = partition_tag(queue, p, n);
+                serde_json::json!({"partition": p, "tag": tag, "slot": tag_slot(&tag)})
+            })
+            .collect()
+    };
+    let ids = [
+        "hello-p1",
+        "job-1",
+        "a",
+        "0190a0b0-0000-7000-8000-000000000000",
+    ];
+    serde_json::json!({
+        "meta_field": PARTITIONS_FIELD,
+        "max": MAX_PARTITIONS,
+        "slots": crate::keys::CLUSTER_SLOTS,
+        "tag_examples": [
+            {"queue": "default", "partitions": 3, "tags": tags("default", 3)},
+            {"queue": "evals", "partitions": 5, "tags": tags("evals", 5)},
+        ],
+        "id_examples": ids
+            .iter()
+            .map(|id| serde_json::json!({"id": id, "partitions": 3, "partition": partition_of(id, 3)}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+fn object_keys<T: serde::Serialize>(v: &T) -> Vec<String> {
+    match serde_json::to_value(v).expect("serializes") {
+        Value::Object(m) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The SDK's copy of the contract is this crate's, byte for byte once pretty-printed.
+    /// `FORKBOX_REGENERATE=1 cargo test -p forkbox-queue contract` rewrites it.
+    #[test]
+    fn the_python_sdk_ships_the_current_contract() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../sdk/python/src/forkbox/schema.json");
+        let want = serde_json::to_string_pretty(&contract()).unwrap() + "\n";
+        if std::env::var_os("FORKBOX_REGENERATE").is_some() {
+            std::fs::write(&path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} is out of date with forkbox-queue; regenerate it with \
+             FORKBOX_REGENERATE=1 cargo test -p forkbox-queue contract",
+            path.display()
+        );
+    }
+
+    #[test]
+    fn every_job_field_is_listed() {
+        let c = contract();
+        let fields: Vec<&str> = c["job_fields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for f in [
+            "id",
+            "cmd",
+            "argv",
+            "limits",
+            "batch",
+            "reply_to",
+            "max_attempts",
+        ] {
+            assert!(fields.contains(&f), "{f} missing from {fields:?}");
+        }
+        let unknown = format!("{{\"cmd\":\"x\",\"{}\":1}}", "nope");
+        assert!(Job::parse(unknown.as_bytes(), 1 << 20).is_err());
+        assert_eq!(c["limits"].as_array().unwrap().len(), 7);
+    }
+}

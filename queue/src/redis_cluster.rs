@@ -1,0 +1,352 @@
+//! A private Redis Cluster: primaries and replicas on free 127.0.0.1 ports.
+//!
+//! Tests of the cluster client need a real cluster they own. [`RedisCluster::start`] starts
+//! one [`RedisServer`] per node with `cluster-enabled yes` (each with its own data directory
+//! and cluster bus port), joins them with `redis-cli --cluster create --cluster-replicas`, and
+//! returns once every node reports `cluster_state:ok` with all 16384 slots served and every
+//! replica in sync with its primary. [`RedisCluster::kill_primary_of`] SIGKILLs the primary
+//! of a slot and [`RedisCluster::wait_failed_over`] waits until its replica has taken the
+//! slots over, which is how tests simulate a primary crash. Dropping the cluster kills every
+//! node and removes their directories.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::redis_server::{RedisServer, RedisServerError, RedisServerOptions};
+
+/// How long joining the nodes and the first `cluster_state:ok` may take.
+const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a failover may take (a few node timeouts).
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Node timeout: short, so that a killed primary is replaced within a few seconds.
+const NODE_TIMEOUT_MS: u64 = 1_000;
+/// Slots of a Redis Cluster.
+pub const SLOTS: u16 = 16_384;
+
+/// Why the cluster could not be created or did not reach the awaited state.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisClusterError {
+    #[error(transparent)]
+    Server(#[from] RedisServerError),
+    #[error("running {binary}: {source}")]
+    Cli {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("redis-cli --cluster create failed ({status}): {output}")]
+    Create {
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("the cluster did not reach {awaited} within {timeout:?}; last view: {last}")]
+    NotReady {
+        awaited: &'static str,
+        timeout: Duration,
+        last: String,
+    },
+    #[error("no live node serves slot {0}")]
+    NoOwner(u16),
+}
+
+/// One row of `CLUSTER NODES` as a live node sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub id: String,
+    pub port: u16,
+    pub primary: bool,
+    pub failed: bool,
+    /// Slot ranges served (primaries only), inclusive.
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl NodeView {
+    pub fn serves(&self, slot: u16) -> bool {
+        self.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+    }
+}
+
+/// A running cluster owned by this process. Dropping it kills every node.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+    cli: PathBuf,
+}
+
+impl RedisCluster {
+    /// Starts `primaries` primaries with `replicas` replicas each (at least 3 primaries: the
+    /// minimum `redis-cli --cluster create` accepts).
+    pub fn start(primaries: usize, replicas: usize) -> Result<RedisCluster, RedisClusterError> {
+        let options = RedisServerOptions {
+            cluster_node_timeout_ms: Some(NODE_TIMEOUT_MS),
+            temp_prefix: "forkbox-redis-cluster-".into(),
+            ..RedisServerOptions::default()
+        };
+        let mut nodes = Vec::new();
+        for _ in 0..primaries * (1 + replicas) {
+            nodes.push(RedisServer::start_with(options.clone())?);
+        }
+        let cli = std::env::var_os("FORKBOX_REDIS_CLI")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("redis-cli"));
+        let cluster = RedisCluster { nodes, cli };
+        cluster.create(replicas)?;
+        cluster.wait_until(
+            "cluster_state:ok with every slot served",
+            CREATE_TIMEOUT,
+            |c| c.all_ok() && c.replicas_synced(),
+        )?;
+        Ok(cluster)
+    }
+
+    /// Three primaries, one replica each.
+    pub fn start_default() -> Result<RedisCluster, RedisClusterError> {
+        RedisCluster::start(3, 1)
+    }
+
+    /// `redis://127.0.0.1:<port>/` of every node, in start order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The seed list as the command-line tools take it: every node's URL, comma-separated.
+    pub fn seeds(&self) -> String {
+        self.urls().join(",")
+    }
+
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    pub fn node_mut(&mut self, i: usize) -> &mut RedisServer {
+        &mut self.nodes[i]
+    }
+
+    /// The cluster as the first live node sees it.
+    pub fn view(&self) -> Vec<NodeView> {
+        self.live_ports()
+            .into_iter()
+            .find_map(|p| self.cli_query(p, &["cluster", "nodes"]))
+            .map(|text| parse_nodes(&text))
+            .unwrap_or_default()
+    }
+
+    /// Index (in [`RedisCluster::nodes`]) of the live primary serving `slot`.
+    pub fn primary_of(&self, slot: u16) -> Result<usize, RedisClusterError> {
+        // A killed node stays a primary in the others' view until they notice (the node
+        // timeout): only a running one counts.
+        self.view()
+            .iter()
+            .filter(|n| n.primary && !n.failed && n.serves(slot))
+            .filter_map(|n| self.index_of_port(n.port))
+            .find(|&i| self.nodes[i].pid().is_some())
+            .ok_or(RedisClusterError::NoOwner(slot))
+    }
+
+    /// SIGKILLs the primary serving `slot`; returns its index.
+    pub fn kill_primary_of(&mut self, slot: u16) -> Result<usize, RedisClusterError> {
+        let i = self.primary_of(slot)?;
+        self.nodes[i].kill()?;
+        Ok(i)
+    }
+
+    /// Waits until a live primary serves `slot` again and every live node reports
+    /// `cluster_state:ok` (after [`RedisCluster::kill_primary_of`]: its replica was promoted).
+    pub fn wait_failed_over(&self, slot: u16) -> Result<usize, RedisClusterError> {
+        self.wait_until("a live primary for the slot", FAILOVER_TIMEOUT, |c| {
+            c.all_ok() && c.primary_of(slot).is_ok()
+        })?;
+        self.primary_of(slot)
+    }
+
+    /// Restarts node `i` (same port and directory: it rejoins, as a replica when its slots
+    /// were taken over) and waits until the cluster is whole again.
+    pub fn restart_node(&mut self, i: usize) -> Result<(), RedisClusterError> {
+        self.nodes[i].restart()?;
+        self.wait_until("the restarted node back in sync", FAILOVER_TIMEOUT, |c| {
+            c.all_ok() && c.replicas_synced()
+        })
+    }
+
+    fn create(&self, replicas: usize) -> Result<(), RedisClusterError> {
+        let mut cmd = Command::new(&self.cli);
+        cmd.args(["--cluster", "create"]);
+        for n in &self.nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.port()));
+        }
+        cmd.arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes")
+            .stdin(Stdio::null());
+        let out = run_bounded(&mut cmd, CREATE_TIMEOUT, &self.cli)?;
+        if !out.status.success() {
+            return Err(RedisClusterError::Create {
+                status: out.status,
+                output: String::from_utf8_lossy(&out.stdout).into_owned()
+                    + &String::from_utf8_lossy(&out.stderr),
+            });
+        }
+        Ok(())
+    }
+
+    fn live_ports(&self) -> Vec<u16> {
+        self.nodes
+            .iter()
+            .filter(|n| n.pid().is_some())
+            .map(RedisServer::port)
+            .collect()
+    }
+
+    fn index_of_port(&self, port: u16) -> Option<usize> {
+        self.nodes.iter().position(|n| n.port() == port)
+    }
+
+    /// Every live node: `cluster_state:ok`, all slots assigned and served, and its view has a
+    /// live primary for every slot.
+    fn all_ok(&self) -> bool {
+        self.live_ports().into_iter().all(|p| {
+            let Some(info) = self.cli_query(p, &["cluster", "info"]) else {
+                return false;
+            };
+            let ok = info.contains("cluster_state:ok")
+                && info.contains(&format!("cluster_slots_ok:{SLOTS}"));
+            let Some(nodes) = self.cli_query(p, &["cluster", "nodes"]) else {
+                return false;
+            };
+            let served: u32 = parse_nodes(&nodes)
+                .iter()
+                .filter(|n| n.primary && !n.failed)
+                .flat_map(|n| n.slots.iter().map(|&(a, b)| u32::from(b - a) + 1))
+                .sum();
+            ok && served == u32::from(SLOTS)
+        })
+    }
+
+    /// Every live replica has its link to its primary up.
+    fn replicas_synced(&self) -> bool {
+        self.live_ports().into_iter().all(|p| {
+            let Some(info) = self.cli_query(p, &["info", "replication"]) else {
+                return false;
+            };
+            info.contains("role:master") || info.contains("master_link_status:up")
+        })
+    }
+
+    fn wait_until(
+        &self,
+        awaited: &'static str,
+        timeout: Duration,
+        done: impl Fn(&RedisCluster) -> bool,
+    ) -> Result<(), RedisClusterError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if done(self) {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let last = self
+                    .live_ports()
+                    .first()
+                    .and_then(|&p| self.cli_query(p, &["cluster", "nodes"]))
+                    .unwrap_or_default();
+                return Err(RedisClusterError::NotReady {
+                    awaited,
+                    timeout,
+                    last,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn cli_query(&self, port: u16, args: &[&str]) -> Option<String> {
+        let mut cmd = Command::new(&self.cli);
+        cmd.args(["-h", "127.0.0.1", "-p"])
+            .arg(port.to_string())
+            .args(args)
+            .stdin(Stdio::null());
+        let out = run_bounded(&mut cmd, Duration::from_secs(5), &self.cli).ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+}
+
+/// Runs `cmd` to completion, killing it after `timeout`.
+fn run_bounded(
+    cmd: &mut Command,
+    timeout: Duration,
+    binary: &std::path::Path,
+) -> Result<std::process::Output, RedisClusterError> {
+    let err = |source| RedisClusterError::Cli {
+        binary: binary.to_owned(),
+        source,
+    };
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(err)?;
+    let deadline = Instant::now() + timeout;
+    while child.try_wait().map_err(err)?.is_none() {
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().map_err(err)
+}
+
+/// Parses `CLUSTER NODES`: `<id> <ip:port@bus> <flags> <primary> <ping> <pong> <epoch> <link>
+/// <slot>...`, where a slot is `n`, `a-b`, or a `[...]` migration mark (ignored).
+pub fn parse_nodes(text: &str) -> Vec<NodeView> {
+    text.lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() < 8 {
+                return None;
+            }
+            let port = f[1].split('@').next()?.rsplit(':').next()?.parse().ok()?;
+            let flags: Vec<&str> = f[2].split(',').collect();
+            let slots = f[8..]
+                .iter()
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => s.parse().ok().map(|a| (a, a)),
+                })
+                .collect();
+            Some(NodeView {
+                id: f[0].to_owned(),
+                port,
+                primary: flags.contains(&"master"),
+                failed: flags.contains(&"fail") || flags.contains(&"fail?"),
+                slots,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cluster_nodes_rows_parse() {
+        let text = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460 [5461->-b2]
+b2 127.0.0.1:7001@17001 master,fail - 0 0 2 disconnected
+c3 127.0.0.1:7002@17002 slave a1 0 0 1 connected
+d4 127.0.0.1:7003@17003 master - 0 0 3 connected 5461 5462-10922
+";
+        let v = parse_nodes(text);
+        assert_eq!(v.len(), 4);
+        assert_eq!(v[0].port, 7000);
+        assert!(v[0].primary && !v[0].failed && v[0].serves(5460) && !v[0].serves(5461));
+        assert!(v[1].primary && v[1].failed && v[1].slots.is_empty());
+        assert!(!v[2].primary);
+        assert_eq!(v[3].slots, vec![(5461, 5461), (5462, 10922)]);
+    }
+}

@@ -1,0 +1,113 @@
+//! `forkbox check`: what this host supports, and a sandbox made to prove it.
+
+use std::process::ExitCode;
+
+use forkbox::check;
+use forkbox::sandbox::{self, Engine};
+use forkbox_queue::schema::{Job, Status};
+
+use super::opts::SandboxOpts;
+use super::runtime;
+
+pub fn main(opts: SandboxOpts) -> anyhow::Result<ExitCode> {
+    let report = check::probe_host();
+    for line in &report.lines {
+        println!("{line}");
+    }
+    let engine = Engine::start(opts.engine_config(1));
+    let mut fatal = report.fatal.clone();
+    match &engine {
+        Ok(e) => {
+            let out = runtime()?.block_on(e.run(&Job::argv(["/bin/true"])));
+            if out.status == Status::Ok {
+                println!(
+                    "ok    sandbox: /bin/true ran in a full sandbox (spawn {} us)",
+                    out.spawn_us
+                );
+            } else {
+                println!(
+                    "FAIL  sandbox: {}",
+                    out.error.clone().unwrap_or_else(|| out.status.to_string())
+                );
+                fatal.get_or_insert_with(|| out.error.unwrap_or_default());
+            }
+            let m = e.mechanisms();
+            println!("info  identity: {}", m.identity);
+            println!(
+                "info  seccomp: deny list compiled to {} BPF instructions",
+                m.seccomp_instructions
+            );
+            if let sandbox::cgroup::Delegation::Unavailable(reason) = &m.cgroup {
+                // Delegated by the probe, yet the engine could not use it.
+                if !report.lines.iter().any(|l| l.starts_with("hint")) {
+                    println!("warn  cgroup v2: not used: {reason}");
+                    for hint in check::delegation_hints() {
+                        println!("{hint}");
+                    }
+                }
+            }
+            for (limit, how) in check::limit_mechanisms(&m.cgroup) {
+                println!("limit {limit:<12} {how}");
+            }
+            python_check(e)?;
+        }
+        Err(err) => {
+            println!("FAIL  sandbox engine: {err}");
+            fatal.get_or_insert_with(|| err.to_string());
+        }
+    }
+    if let Some(reason) = fatal {
+        eprintln!("forkbox: no sandbox can be made on this host: {reason}");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `forkbox check`'s lines on the warm Python runtime; never fatal (jobs then run cold).
+fn python_check(engine: &Engine) -> anyhow::Result<()> {
+    use sandbox::runtime::python::PythonRuntime;
+    match &engine.mechanisms().python {
+        PythonRuntime::Disabled => println!("info  python runtime: off (--python-preload none)"),
+        PythonRuntime::Unavailable(why) => {
+            println!("warn  python runtime: unusable, python jobs run cold: {why}")
+        }
+        PythonRuntime::Ready { interpreter, info } => {
+            println!(
+                "ok    python runtime: {} (Python {}), embedded from {}",
+                interpreter.executable.display(),
+                interpreter.version.split_whitespace().next().unwrap_or(""),
+                interpreter.library.display()
+            );
+            println!(
+                "info  python preload: {} ({} modules loaded in all); warm-up {:.1} ms, \
+                 zygote RSS {} -> {} KiB",
+                info.preloaded.join(","),
+                info.modules.len(),
+                info.warm_up_ms,
+                info.rss_before_kb,
+                info.rss_after_kb
+            );
+            for (module, error) in &info.failed {
+                println!("warn  python preload: {module} not imported: {error}");
+            }
+            let mut job = Job::argv(["python3", "-c", "print(6*7)"]);
+            job.runtime = Some(forkbox_queue::Runtime::Python);
+            let out = runtime()?.block_on(engine.run(&job));
+            let warm = out.runtime.as_ref().is_some_and(|r| r.warm);
+            if out.status == Status::Ok && warm && out.stdout == "42\n" {
+                println!(
+                    "ok    python runtime: a warm job ran (spawn {} us)",
+                    out.spawn_us
+                );
+            } else {
+                println!(
+                    "warn  python runtime: the warm test job did not run warm: {} {:?} {}",
+                    out.status,
+                    out.runtime.and_then(|r| r.note),
+                    out.stderr.trim()
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! The `forkbox` command line: argument parsing and one module per command. This tree is the
+//! binary's alone; it drives the library (`forkbox::sandbox`, `forkbox::node`) and the library
+//! never reaches back into it.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use forkbox_queue::schema::EXIT_SANDBOX_ERROR;
+
+mod bench;
+mod check;
+mod client;
+mod daemon;
+mod opts;
+mod run;
+mod settings;
+mod up;
+mod worker;
+
+/// Forkbox: run untrusted code in rootless sandboxes forked from a warm zygote.
+#[derive(Debug, Parser)]
+#[command(name = "forkbox", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Every subcommand, in the order `forkbox --help` lists them.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run one job in a sandbox and exit with its exit code (124 on timeout, 128+N when killed
+    /// by signal N, 125 when the sandbox itself failed).
+    Run(run::RunCmd),
+    /// Report what this host supports and how each limit is enforced; exits non-zero when no
+    /// sandbox can be made here.
+    Check(opts::SandboxOpts),
+    /// Measure sandbox spawn cost against bare fork+exec and bubblewrap.
+    Bench(bench::BenchCmd),
+    /// Serve jobs over a local Unix socket (newline-delimited JSON), for the Python SDK.
+    Daemon(daemon::DaemonCmd),
+    /// Print the protocol contract as JSON: job fields, limits and their ranges, defaults, key
+    /// layout, statuses and the enqueue script, for clients in other languages.
+    Schema,
+    /// Run a worker node: take jobs from Redis Streams, run them in sandboxes, store results.
+    Worker(settings::WorkerSettings),
+    /// One-command local node: a private redis-server when none answers, plus a worker.
+    Up(up::UpArgs),
+    /// Enqueue one job; print its id, or with --wait its result (exiting like `forkbox run`).
+    Submit(client::SubmitArgs),
+    /// Print a job's result, exiting like `forkbox run`.
+    Result(client::ResultArgs),
+    /// Submit a JSONL file of jobs as a batch, wait for a batch, or list its results.
+    #[command(subcommand)]
+    Batch(client::BatchCommand),
+    /// Stream length, pending, lag, consumers and dead letters of queues.
+    Stats(client::StatsArgs),
+    /// List, requeue or purge dead letters.
+    #[command(subcommand)]
+    Dlq(client::DlqCommand),
+    /// Cancel a job: a pending one is skipped, a running one is killed (status `cancelled`).
+    Cancel(client::CancelArgs),
+}
+
+/// Runs the command; an error is printed as `forkbox: ...` and exits 125.
+pub fn main(cli: Cli) -> ExitCode {
+    use client::{BatchCommand, DlqCommand};
+    let result = match cli.command {
+        Command::Run(cmd) => run::main(cmd),
+        Command::Check(opts) => check::main(opts),
+        Command::Bench(cmd) => bench::main(cmd),
+        Command::Daemon(cmd) => daemon::main(cmd),
+        Command::Schema => serde_json::to_string_pretty(&forkbox_queue::contract::contract())
+            .map_err(Into::into)
+            .map(|text| {
+                println!("{text}");
+                ExitCode::SUCCESS
+            }),
+        Command::Worker(args) => worker::main(args),
+        Command::Up(args) => up::main(args),
+        Command::Submit(a) => client_runtime().and_then(|rt| rt.block_on(client::submit(a))),
+        Command::Result(a) => client_runtime().and_then(|rt| rt.block_on(client::result(a))),
+        Command::Batch(BatchCommand::Submit(a)) => {
+            client_runtime().and_then(|rt| rt.block_on(client::batch_submit(a)))
+        }
+        Command::Batch(BatchCommand::Wait(a)) => {
+            client_runtime().and_then(|rt| rt.block_on(client::batch_wait(a)))
+        }
+        Command::Batch(BatchCommand::Results(a)) => {
+            client_runtime().and_then(|rt| rt.block_on(client::batch_results(a)))
+        }
+        Command::Stats(a) => client_runtime().and_then(|rt| rt.block_on(client::stats(a))),
+        Command::Dlq(DlqCommand::List(a)) => {
+            client_runtime().and_then(|rt| rt.block_on(client::dlq_list(a)))
+        }
+        Command::Dlq(DlqCommand::Requeue(a)) => {
+            client_runtime().and_then(|rt| rt.block_on(client::dlq_requeue(a)))
+        }
+        Command::Dlq(DlqCommand::Purge(a)) => {
+            client_runtime().and_then(|rt| rt.block_on(client::dlq_purge(a)))
+        }
+        Command::Cancel(a) => client_runtime().and_then(|rt| rt.block_on(client::cancel(a))),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("forkbox: {}", describe(&e));
+            ExitCode::from(EXIT_SANDBOX_ERROR as u8)
+        }
+    }
+}
+
+/// An error and its causes, each said once: a typed error's message often already ends with
+/// its source's text, which the chain would repeat.
+pub fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// The multi-threaded runtime of the commands that run jobs (start it after the engine, whose
+/// zygote must be exec'd before any thread exists).
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// The one-threaded runtime of the client commands, which only talk to Redis.
+fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: a log file or journald gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}

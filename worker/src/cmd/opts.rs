@@ -1,0 +1,310 @@
+//! Options shared by several commands: what builds an engine (`SandboxOpts`, with the job
+//! maximums) and what describes a job (`JobArgs`, for `run` and `submit`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use forkbox::sandbox::{self, wire::RootSource, Engine, EngineConfig};
+use forkbox_queue::schema::{FileData, Job, Limits};
+use serde::Deserialize;
+
+/// Options shared by every command that builds an engine. A worker's `--config` file may set
+/// `python_preload` and the job maximums too (the root and network flags are the command
+/// line's alone).
+///
+/// The job maximums: a job asking for more is `invalid`, its error naming the field and the
+/// maximum. Unset, they keep the built-in maximums (`JobCeilings::default`).
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+pub struct SandboxOpts {
+    /// Use this unpacked root filesystem instead of the host allowlist.
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip)]
+    pub rootfs: Option<PathBuf>,
+    /// Host directories exposed read-only (bind mounts), comma-separated.
+    #[arg(
+        long,
+        value_name = "DIRS",
+        value_delimiter = ',',
+        conflicts_with = "rootfs"
+    )]
+    #[serde(skip)]
+    pub allow: Option<Vec<PathBuf>>,
+    /// Share one network namespace between sandboxes instead of one each.
+    #[arg(long)]
+    #[serde(skip)]
+    pub shared_net: bool,
+    /// Modules the warm Python runtime imports before the first sandbox, comma-separated;
+    /// `none` turns the runtime off (jobs asking for it run cold) [default: common
+    /// standard-library modules, see docs/operations.md].
+    #[arg(long, value_name = "MODULES", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "names")]
+    pub python_preload: Option<Vec<String>>,
+    /// Largest `timeout_ms` a job may set [default: 3600000].
+    #[arg(long, env = "FORKBOX_MAX_TIMEOUT_MS", value_name = "MS")]
+    pub max_timeout_ms: Option<u64>,
+    /// Largest `limits.memory_mb` [default: 4096].
+    #[arg(long, env = "FORKBOX_MAX_MEMORY_MB", value_name = "MIB")]
+    pub max_memory_mb: Option<u64>,
+    /// Largest `limits.pids` [default: 1024].
+    #[arg(long, env = "FORKBOX_MAX_PIDS", value_name = "N")]
+    pub max_pids: Option<u64>,
+    /// Largest `limits.cpu_ms` [default: 86400000].
+    #[arg(long, env = "FORKBOX_MAX_CPU_MS", value_name = "MS")]
+    pub max_cpu_ms: Option<u64>,
+    /// Largest `limits.output_bytes`, per stream [default: 16777216].
+    #[arg(long, env = "FORKBOX_MAX_OUTPUT_BYTES", value_name = "BYTES")]
+    pub max_output_bytes: Option<u64>,
+    /// Largest `limits.disk_mb` (memory-backed: it bounds what one job may take) [default: 1024].
+    #[arg(long, env = "FORKBOX_MAX_DISK_MB", value_name = "MIB")]
+    pub max_disk_mb: Option<u64>,
+    /// Largest `limits.file_size_mb` [default: 1024].
+    #[arg(long, env = "FORKBOX_MAX_FILE_SIZE_MB", value_name = "MIB")]
+    pub max_file_size_mb: Option<u64>,
+    /// Largest `limits.open_files` [default: 4096].
+    #[arg(long, env = "FORKBOX_MAX_OPEN_FILES", value_name = "N")]
+    pub max_open_files: Option<u64>,
+    /// Cap on the bytes of the files a job collects [default: 8388608].
+    #[arg(long, env = "FORKBOX_MAX_COLLECT_BYTES", value_name = "BYTES")]
+    pub max_collect_bytes: Option<u64>,
+}
+
+impl SandboxOpts {
+    /// These options where given, else `file`'s (the root and network flags have no file keys).
+    pub fn over(self, file: SandboxOpts) -> SandboxOpts {
+        let SandboxOpts {
+            rootfs: _,
+            allow: _,
+            shared_net: _,
+            python_preload,
+            max_timeout_ms,
+            max_memory_mb,
+            max_pids,
+            max_cpu_ms,
+            max_output_bytes,
+            max_disk_mb,
+            max_file_size_mb,
+            max_open_files,
+            max_collect_bytes,
+        } = file;
+        SandboxOpts {
+            python_preload: self.python_preload.or(python_preload),
+            max_timeout_ms: self.max_timeout_ms.or(max_timeout_ms),
+            max_memory_mb: self.max_memory_mb.or(max_memory_mb),
+            max_pids: self.max_pids.or(max_pids),
+            max_cpu_ms: self.max_cpu_ms.or(max_cpu_ms),
+            max_output_bytes: self.max_output_bytes.or(max_output_bytes),
+            max_disk_mb: self.max_disk_mb.or(max_disk_mb),
+            max_file_size_mb: self.max_file_size_mb.or(max_file_size_mb),
+            max_open_files: self.max_open_files.or(max_open_files),
+            max_collect_bytes: self.max_collect_bytes.or(max_collect_bytes),
+            ..self
+        }
+    }
+
+    /// Sets the job maximums these options give into `cfg`, keeping its own for the others.
+    pub fn apply_ceilings(&self, cfg: &mut EngineConfig) {
+        let pick = |value: Option<u64>, into: &mut u64| {
+            if let Some(v) = value {
+                *into = v;
+            }
+        };
+        let c = &mut cfg.ceilings;
+        pick(self.max_timeout_ms, &mut c.timeout_ms);
+        let l = &mut c.limits;
+        pick(self.max_memory_mb, &mut l.memory_mb);
+        pick(self.max_pids, &mut l.pids);
+        pick(self.max_cpu_ms, &mut l.cpu_ms);
+        pick(self.max_output_bytes, &mut l.output_bytes);
+        pick(self.max_disk_mb, &mut l.disk_mb);
+        pick(self.max_file_size_mb, &mut l.file_size_mb);
+        pick(self.max_open_files, &mut l.open_files);
+        pick(self.max_collect_bytes, &mut cfg.collect_max_bytes);
+    }
+
+    pub fn engine_config(&self, slots: usize) -> EngineConfig {
+        let mut cfg = EngineConfig {
+            slots,
+            net_per_sandbox: !self.shared_net,
+            ..EngineConfig::default()
+        };
+        cfg.python = python_settings(self.python_preload.as_deref());
+        self.apply_ceilings(&mut cfg);
+        if let Some(dir) = &self.rootfs {
+            cfg.root = RootSource::Image(dir.clone());
+        } else if let Some(dirs) = &self.allow {
+            cfg.root = RootSource::Allowlist(dirs.clone());
+        }
+        cfg
+    }
+}
+
+/// A list of names in a config file: `"high, default"` or `["high", "default"]`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum QueueList {
+    Joined(String),
+    List(Vec<String>),
+}
+
+impl QueueList {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            QueueList::Joined(s) => split_queues(&s),
+            QueueList::List(v) => v,
+        }
+    }
+}
+
+/// On the command line a list is one comma-separated value.
+impl std::str::FromStr for QueueList {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<QueueList, Self::Err> {
+        Ok(QueueList::Joined(s.to_owned()))
+    }
+}
+
+/// `high, default` → `["high", "default"]`.
+pub fn split_queues(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|q| !q.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A [`QueueList`] key read as the list it names.
+fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    Ok(Option::<QueueList>::deserialize(d)?.map(QueueList::into_vec))
+}
+
+/// The warm Python runtime for a `--python-preload` value (absent: the default list).
+pub fn python_settings(
+    preload: Option<&[String]>,
+) -> Option<sandbox::runtime::python::PythonSettings> {
+    let mut settings = sandbox::runtime::python::PythonSettings::default();
+    match preload {
+        Some([none]) if none == "none" => return None,
+        Some(list) => {
+            settings.preload = list
+                .iter()
+                .map(|m| m.trim().to_owned())
+                .filter(|m| !m.is_empty())
+                .collect()
+        }
+        None => {}
+    }
+    Some(settings)
+}
+
+/// The job-describing options of `run` and `submit`.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// Run a shell string with /bin/sh -c.
+    #[arg(short = 'c', value_name = "SHELL", conflicts_with = "argv")]
+    pub shell: Option<String>,
+    /// Wall-clock limit from exec, in milliseconds [default: 10000].
+    #[arg(long)]
+    pub timeout_ms: Option<u64>,
+    /// Memory limit in MiB [default: 512].
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Maximum number of processes [default: 64].
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// CPU time limit in milliseconds (enforced with 1 s granularity without cgroups).
+    #[arg(long)]
+    pub cpu_ms: Option<u64>,
+    /// Cap on stdout and on stderr, each, in bytes [default: 1048576].
+    #[arg(long)]
+    pub output_bytes: Option<u64>,
+    /// Disk for all the job writes: /tmp, the working directory and /dev/shm together, in MiB
+    /// [default: 64].
+    #[arg(long)]
+    pub disk_mb: Option<u64>,
+    /// Largest file the job may write, in MiB.
+    #[arg(long)]
+    pub file_size_mb: Option<u64>,
+    /// Maximum open files.
+    #[arg(long)]
+    pub open_files: Option<u64>,
+    /// Extra environment variable (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Copy a local file into the working directory (repeatable).
+    #[arg(long = "file", value_name = "PATH=LOCALFILE")]
+    pub files: Vec<String>,
+    /// Return files matching this glob, relative to the working directory (repeatable).
+    #[arg(long = "collect", value_name = "GLOB")]
+    pub collect: Vec<String>,
+    /// Feed this local file to the job's stdin ("-" reads our stdin).
+    #[arg(long, value_name = "FILE")]
+    pub stdin_file: Option<PathBuf>,
+    /// Working directory inside the sandbox (relative to /work).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Run the program in a warm runtime: `python` for a `python3 ...` command line.
+    #[arg(long, value_name = "RUNTIME")]
+    pub runtime: Option<forkbox_queue::Runtime>,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
+    pub argv: Vec<String>,
+}
+
+impl JobArgs {
+    /// Builds and validates the job; errors name the offending option.
+    pub fn to_job(&self) -> anyhow::Result<Job> {
+        let mut job = match (&self.shell, self.argv.is_empty()) {
+            (Some(cmd), _) => Job::shell(cmd.clone()),
+            (None, false) => Job::argv(self.argv.clone()),
+            (None, true) => bail!("nothing to run: give `-- CMD [ARGS...]` or `-c 'shell string'`"),
+        };
+        job.timeout_ms = self.timeout_ms;
+        job.cwd = self.cwd.clone();
+        job.runtime = self.runtime;
+        job.limits = Limits {
+            memory_mb: self.memory_mb,
+            pids: self.pids,
+            cpu_ms: self.cpu_ms,
+            output_bytes: self.output_bytes,
+            disk_mb: self.disk_mb,
+            file_size_mb: self.file_size_mb,
+            open_files: self.open_files,
+        };
+        for kv in &self.env {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--env {kv:?}: expected K=V"))?;
+            job.env.insert(k.to_owned(), v.to_owned());
+        }
+        for spec in &self.files {
+            let (path, local) = spec
+                .split_once('=')
+                .with_context(|| format!("--file {spec:?}: expected PATH=LOCALFILE"))?;
+            let bytes = std::fs::read(local)
+                .with_context(|| format!("--file {spec:?}: reading {local}"))?;
+            job.files
+                .insert(path.to_owned(), FileData::from_bytes(bytes));
+        }
+        job.collect = self.collect.clone();
+        if let Some(file) = &self.stdin_file {
+            let bytes = if file.as_os_str() == "-" {
+                let mut b = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut b)
+                    .context("reading stdin")?;
+                b
+            } else {
+                std::fs::read(file).with_context(|| format!("--stdin-file {}", file.display()))?
+            };
+            job.stdin = Some(FileData::from_bytes(bytes));
+        }
+        job.validate()?;
+        Ok(job)
+    }
+}
+
+/// An engine with `slots` slots built from `opts`.
+pub fn start_engine(slots: usize, opts: &SandboxOpts) -> anyhow::Result<Engine> {
+    Engine::start(opts.engine_config(slots)).context("starting the sandbox engine")
+}

@@ -1,0 +1,165 @@
+//! `forkbox run`: one job in a sandbox, its output passed through, its exit code ours.
+
+use std::borrow::Cow;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use forkbox_queue::schema::{Outcome, Status};
+
+use forkbox::sandbox::Engine;
+
+use super::opts::{JobArgs, SandboxOpts};
+use super::runtime;
+
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct RunCmd {
+    #[command(flatten)]
+    pub job: JobArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxOpts,
+    /// Print the outcome as JSON instead of passing the job's output through.
+    #[arg(long)]
+    pub json: bool,
+    /// Write collected files under this local directory.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Pass the job's output to a terminal byte for byte, escape sequences included. By
+    /// default, when stdout or stderr is a terminal, the job's control characters are shown
+    /// instead of obeyed (ESC as ^[, for instance), so a job cannot drive the terminal; pipes
+    /// and files always get the exact bytes.
+    #[arg(long, conflicts_with = "json")]
+    pub raw: bool,
+}
+
+pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
+    let job = cmd.job.to_job()?;
+    let mut config = cmd.sandbox.engine_config(1);
+    // One job, so one zygote: the runtime's when it asks for one (it runs there warm, or cold
+    // when its command line cannot), else the plain one with no interpreter to warm.
+    let engine = if job.runtime.is_some() {
+        Engine::start_runtime_only(config)
+    } else {
+        config.python = None;
+        Engine::start(config)
+    }
+    .context("starting the sandbox engine")?;
+    let outcome = runtime()?.block_on(engine.run(&job));
+    if let Some(dir) = &cmd.out {
+        save_files(dir, &outcome)?;
+    }
+    print_outcome_as(&outcome, cmd.json, cmd.raw)
+}
+
+/// Prints an outcome as `run` does and returns the matching exit code.
+pub fn print_outcome(outcome: &Outcome, json: bool) -> anyhow::Result<ExitCode> {
+    print_outcome_as(outcome, json, false)
+}
+
+/// [`print_outcome`]; with `raw`, the job's output reaches a terminal unchanged.
+pub fn print_outcome_as(outcome: &Outcome, json: bool, raw: bool) -> anyhow::Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(outcome)?);
+    } else {
+        let for_terminal = |text: &str, terminal: bool| -> String {
+            if terminal && !raw {
+                visible(text).into_owned()
+            } else {
+                text.to_owned()
+            }
+        };
+        let (out_tty, err_tty) = (
+            std::io::stdout().is_terminal(),
+            std::io::stderr().is_terminal(),
+        );
+        std::io::stdout().write_all(for_terminal(&outcome.stdout, out_tty).as_bytes())?;
+        std::io::stdout().flush()?;
+        std::io::stderr().write_all(for_terminal(&outcome.stderr, err_tty).as_bytes())?;
+        let note = match outcome.status {
+            Status::Error | Status::Invalid => Some(outcome.error.clone().unwrap_or_default()),
+            Status::Timeout => Some("timed out".into()),
+            Status::CpuLimit => Some("CPU time limit exceeded".into()),
+            Status::MemoryLimit => Some("memory limit exceeded".into()),
+            Status::OutputLimit => Some("output limit exceeded; output truncated".into()),
+            Status::Cancelled => Some("cancelled".into()),
+            _ => None,
+        };
+        if let Some(note) = note {
+            // The error may quote the job's own input (a file name, a path).
+            eprintln!("forkbox: {}", visible(&note));
+        }
+    }
+    Ok(ExitCode::from(outcome.exit_code.clamp(0, 255) as u8))
+}
+
+/// `text` with every character that a terminal would obey rather than show made visible, as
+/// `cat -v` does: C0 controls but newline and tab as `^@`..`^_` (ESC as `^[`), DEL as `^?`, C1
+/// controls (8-bit CSI and the like) as `M-^@`..`M-^_`; and the bidirectional overrides and
+/// isolates, which reorder what is shown, as `<U+202E>`.
+pub fn visible(text: &str) -> Cow<'_, str> {
+    let shown = |c: char| {
+        !c.is_control() && !matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+            || c == '\n'
+            || c == '\t'
+    };
+    if text.chars().all(shown) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c as u32 {
+            _ if shown(c) => out.push(c),
+            code @ 0..=0x1f => {
+                out.push('^');
+                out.push(char::from(code as u8 + 0x40));
+            }
+            0x7f => out.push_str("^?"),
+            code @ 0x80..=0x9f => {
+                out.push_str("M-^");
+                out.push(char::from((code - 0x80) as u8 + 0x40));
+            }
+            code => out.push_str(&format!("<U+{code:04X}>")),
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn save_files(dir: &std::path::Path, outcome: &Outcome) -> anyhow::Result<()> {
+    for (rel, data) in &outcome.files {
+        // Paths come from our own collector, relative to /work, but never trust them blindly.
+        if rel.split('/').any(|c| c == "..") || rel.starts_with('/') {
+            bail!("refusing to save collected file with unsafe path {rel:?}");
+        }
+        let path = dir.join(rel);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, data.to_bytes()?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_shown_not_obeyed() {
+        assert!(matches!(
+            visible("plain text\n\ttabbed ünïcödé"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(visible("\x1b[2J\x1b]0;title\x07"), "^[[2J^[]0;title^G");
+        assert_eq!(visible("a\rb\x08c\0d\x7f"), "a^Mb^Hc^@d^?");
+        assert_eq!(visible("\u{9b}31m\u{9d}x\u{85}"), "M-^[31mM-^]xM-^E");
+        assert_eq!(
+            visible("evil\u{202e}txt.exe\u{2066}"),
+            "evil<U+202E>txt.exe<U+2066>"
+        );
+        assert_eq!(visible("line\n"), "line\n");
+    }
+}

@@ -1,0 +1,137 @@
+//! The state the reader, the dispatcher, the job tasks, the outbox and upkeep share.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use forkbox_queue::{Delivery, QueueSet};
+use tokio::sync::{mpsc, watch};
+
+use crate::node::admission::{Hold, SlotPool};
+use crate::node::cancel::CancelBoard;
+use crate::node::config::NodeConfig;
+use crate::node::health::RedisHealth;
+use crate::node::held::Held;
+use crate::node::metrics::NodeStatus;
+use crate::node::outbox::Outbox;
+use crate::node::stop::{StopHandle, StopLevel};
+use crate::sandbox::Engine;
+
+/// Counts one job task in `Shared::busy` for as long as it lives, panics included, so a drain
+/// never waits for a task that is gone.
+pub(crate) struct Unfinished(watch::Sender<usize>);
+
+impl Unfinished {
+    pub(crate) fn count(shared: &Shared) -> Unfinished {
+        shared.busy.send_modify(|n| *n += 1);
+        Unfinished(shared.busy.clone())
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+/// A delivery read and waiting for an engine slot.
+pub(crate) struct Queued {
+    pub(crate) d: Delivery,
+    pub(crate) hold: Hold,
+    pub(crate) outbox: Outbox,
+    pub(crate) unfinished: Unfinished,
+}
+
+/// State shared by the reader, the job tasks, the outbox and upkeep.
+pub(crate) struct Shared {
+    pub name: String,
+    pub set: QueueSet,
+    pub engine: Engine,
+    pub config: NodeConfig,
+    pub slots: SlotPool,
+    /// Deliveries in read order, waiting for a slot (see [`job`](crate::node::job)).
+    pub queued: mpsc::UnboundedSender<Queued>,
+    pub held: Arc<Held>,
+    pub board: Arc<CancelBoard>,
+    pub health: Arc<RedisHealth>,
+    pub busy: watch::Sender<usize>,
+    pub stop: watch::Receiver<StopLevel>,
+    pub abandoned: std::sync::atomic::AtomicUsize,
+    pub sandbox: SandboxWatch,
+    /// When the reader reclaims next; the outbox reads for freed slots only before it, so a
+    /// busy node still reclaims on time.
+    pub next_reclaim: Mutex<Instant>,
+    /// Whether completions read the next entries (one stream on a single Redis); otherwise a
+    /// finished run's admission goes straight back to the reader.
+    pub reads_with_completions: bool,
+}
+
+/// Stops the node once its zygote is gone: no job can run any more.
+#[derive(Clone)]
+pub(crate) struct SandboxWatch {
+    pub(crate) engine: Engine,
+    pub(crate) status: Arc<NodeStatus>,
+    pub(crate) stop: StopHandle,
+    pub(crate) lost: Arc<AtomicBool>,
+}
+
+impl SandboxWatch {
+    /// Whether the engine can still run jobs. A job that failed because the zygote died may
+    /// finish a moment before the engine's event thread has seen the zygote go: after a
+    /// failure, ask [`SandboxWatch::alive_after_failure`] instead.
+    pub(crate) fn alive(&self) -> bool {
+        if self.engine.is_alive() {
+            return true;
+        }
+        self.lose();
+        false
+    }
+
+    /// [`SandboxWatch::alive`] for a run that did not end well, giving the engine a moment to
+    /// notice a zygote that died under it.
+    pub(crate) async fn alive_after_failure(&self) -> bool {
+        for _ in 0..10 {
+            if !self.alive() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.alive()
+    }
+
+    /// Marks the node unhealthy and stops its reading (once; later calls do nothing).
+    fn lose(&self) {
+        self.status.sandbox_alive.store(false, Ordering::Relaxed);
+        if self.stop.level() == StopLevel::Running && !self.lost.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                "the sandbox zygote exited; stopping the node and handing back its entries"
+            );
+            self.stop.raise(StopLevel::Drain);
+        }
+    }
+}
+
+impl Shared {
+    pub(crate) fn set_next_reclaim(&self, at: Instant) {
+        *self.next_reclaim.lock().expect("reclaim lock") = at;
+    }
+
+    /// Whether the outbox may read new entries with a completion now: the node is not
+    /// stopping and no reclaim is due (the reader reclaims with the admissions it gets back).
+    pub(crate) fn may_refill(&self) -> bool {
+        !self.stopping() && Instant::now() < *self.next_reclaim.lock().expect("reclaim lock")
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        *self.stop.borrow() >= StopLevel::Drain
+    }
+
+    /// Sleeps `d`, or less when a stop is requested. Returns false when stopping.
+    pub(crate) async fn pause(&self, d: Duration) -> bool {
+        let mut stop = self.stop.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(d) => !self.stopping(),
+            _ = stop.wait_for(|l| *l >= StopLevel::Drain) => false,
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! How a job's limits map onto the kernel's mechanisms, on either kind of host.
+//!
+//! Memory is bounded as resident memory, never as address space: V8, the JVM, Go and BEAM
+//! reserve gigabytes of `PROT_NONE` address space up front and touch only what they use, so an
+//! address-space limit (`RLIMIT_AS`) stops them before they start. With cgroup v2 the job's
+//! cgroup has `memory.max` and no memory rlimit at all. Without cgroups the program gets
+//! `RLIMIT_DATA`, which counts writable private mappings (heap, anonymous memory) but not
+//! reservations without access: runtimes start, and a program that keeps allocating gets
+//! `ENOMEM`. The kernel reports nothing about such a failure, so whether it ended the program
+//! is decided from what can be observed ([`out_of_memory_evident`]).
+
+use forkbox_queue::schema::EffectiveLimits;
+use nix::sys::resource::{rlim_t, setrlimit, Resource};
+use serde::{Deserialize, Serialize};
+
+/// An rlimit the launcher could not set.
+#[derive(Debug, thiserror::Error)]
+#[error("{name}: {errno}")]
+pub struct RlimitError {
+    /// Names the step (`rlimit pids`, ...).
+    pub name: &'static str,
+    pub errno: nix::errno::Errno,
+}
+
+/// What bounds the program's memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryEnforcement {
+    /// The job's cgroup (`memory.max`, `memory.swap.max=0`): no memory rlimit.
+    Cgroup,
+    /// `RLIMIT_DATA` per process.
+    #[default]
+    DataRlimit,
+}
+
+/// One resource limit the program is exec'd under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rlimit {
+    pub resource: Resource,
+    pub soft: rlim_t,
+    pub hard: rlim_t,
+    /// Names the step when setting it fails.
+    pub name: &'static str,
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// The rlimits of a program with `limits`, its memory bounded by `memory`.
+pub fn rlimits(limits: &EffectiveLimits, memory: MemoryEnforcement) -> Vec<Rlimit> {
+    let rl = |resource, soft, hard, name| Rlimit {
+        resource,
+        soft,
+        hard,
+        name,
+    };
+    let cpu_s = limits.cpu_ms.div_ceil(1000);
+    let mut out = Vec::with_capacity(6);
+    if memory == MemoryEnforcement::DataRlimit {
+        let bytes = limits.memory_mb * MIB;
+        out.push(rl(Resource::RLIMIT_DATA, bytes, bytes, "rlimit memory"));
+    }
+    out.extend([
+        rl(
+            Resource::RLIMIT_NPROC,
+            limits.pids,
+            limits.pids,
+            "rlimit pids",
+        ),
+        // SIGXCPU at the limit, SIGKILL a second later if it is caught.
+        rl(Resource::RLIMIT_CPU, cpu_s, cpu_s + 1, "rlimit cpu"),
+        rl(
+            Resource::RLIMIT_FSIZE,
+            limits.file_size_mb * MIB,
+            limits.file_size_mb * MIB,
+            "rlimit file size",
+        ),
+        rl(
+            Resource::RLIMIT_NOFILE,
+            limits.open_files,
+            limits.open_files,
+            "rlimit open files",
+        ),
+        rl(Resource::RLIMIT_CORE, 0, 0, "rlimit core"),
+    ]);
+    out
+}
+
+/// How far back from the end of stderr a runtime's out-of-memory message is looked for: its
+/// last words, after which a stack trace may follow (V8 prints about 2 KiB of one).
+const STDERR_TAIL: usize = 16 * 1024;
+
+/// What runtimes print when an allocation fails, lowercased: CPython (`MemoryError`), V8
+/// ("JavaScript heap out of memory", "Fatal process out of memory"), C++ (`std::bad_alloc`),
+/// the JVM (`java.lang.OutOfMemoryError`), Go ("runtime: out of memory"), Ruby
+/// (`NoMemoryError: failed to allocate memory`), Perl ("Out of memory!"), BEAM ("Cannot
+/// allocate N bytes of memory"), glibc's and bash's `ENOMEM` text ("Cannot allocate memory").
+const OUT_OF_MEMORY_MARKS: &[&str] = &[
+    "memoryerror",
+    "out of memory",
+    "bad_alloc",
+    "outofmemoryerror",
+    "failed to allocate memory",
+    "cannot allocate",
+];
+
+/// Whether a program bounded by `RLIMIT_DATA` clearly ended because its memory ran out. Clear
+/// means all of: it ended in failure (`failed`: a non-zero exit or a signal), the tail of its
+/// stderr carries a runtime's out-of-memory message, and its peak resident memory reached at
+/// least half the limit (so it did use memory up to the limit's neighbourhood, rather than
+/// print such a message or ask for one allocation larger than the limit). The rest stays
+/// `failed` with the program's own message: what the rlimit cannot tell apart.
+pub fn out_of_memory_evident(
+    failed: bool,
+    stderr: &[u8],
+    peak_rss_kb: u64,
+    memory_mb: u64,
+) -> bool {
+    if !failed || peak_rss_kb.saturating_mul(2) < memory_mb.saturating_mul(1024) {
+        return false;
+    }
+    let tail = &stderr[stderr.len().saturating_sub(STDERR_TAIL)..];
+    let text = String::from_utf8_lossy(tail).to_lowercase();
+    OUT_OF_MEMORY_MARKS.iter().any(|m| text.contains(m))
+}
+
+/// Sets the program's rlimits (the last steps before exec); the error names the one that
+/// failed.
+pub fn apply_rlimits(
+    limits: &EffectiveLimits,
+    memory: MemoryEnforcement,
+) -> Result<(), RlimitError> {
+    for r in rlimits(limits, memory) {
+        setrlimit(r.resource, r.soft, r.hard).map_err(|errno| RlimitError {
+            name: r.name,
+            errno,
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_is_never_an_address_space_limit() {
+        let l = EffectiveLimits {
+            memory_mb: 128,
+            ..EffectiveLimits::default()
+        };
+        for memory in [MemoryEnforcement::Cgroup, MemoryEnforcement::DataRlimit] {
+            assert!(rlimits(&l, memory)
+                .iter()
+                .all(|r| r.resource != Resource::RLIMIT_AS));
+        }
+        let data: Vec<_> = rlimits(&l, MemoryEnforcement::DataRlimit)
+            .into_iter()
+            .filter(|r| r.resource == Resource::RLIMIT_DATA)
+            .collect();
+        assert_eq!(data.len(), 1);
+        assert_eq!((data[0].soft, data[0].hard), (128 * MIB, 128 * MIB));
+        assert!(rlimits(&l, MemoryEnforcement::Cgroup)
+            .iter()
+            .all(|r| r.resource != Resource::RLIMIT_DATA));
+    }
+
+    #[test]
+    fn the_other_limits_hold_on_both_hosts() {
+        let l = EffectiveLimits {
+            pids: 16,
+            cpu_ms: 1500,
+            open_files: 50,
+            ..EffectiveLimits::default()
+        };
+        for memory in [MemoryEnforcement::Cgroup, MemoryEnforcement::DataRlimit] {
+            let r = rlimits(&l, memory);
+            let get = |res| {
+                r.iter()
+                    .find(|x| x.resource == res)
+                    .map(|x| (x.soft, x.hard))
+            };
+            assert_eq!(get(Resource::RLIMIT_NPROC), Some((16, 16)));
+            assert_eq!(get(Resource::RLIMIT_CPU), Some((2, 3)));
+            assert_eq!(get(Resource::RLIMIT_NOFILE), Some((50, 50)));
+            assert_eq!(get(Resource::RLIMIT_CORE), Some((0, 0)));
+            assert_eq!(get(Resource::RLIMIT_FSIZE), Some((64 * MIB, 64 * MIB)));
+        }
+    }
+
+    #[test]
+    fn out_of_memory_needs_failure_a_message_and_a_peak() {
+        let py = b"Traceback (most recent call last):\n  File \"<string>\", line 2\nMemoryError\n";
+        let node = b"FATAL ERROR: Committing semi space failed. Allocation failed - \
+                     JavaScript heap out of memory\n 1: 0xb8 node::Abort() [node]\n";
+        let limit = 128;
+        let near = 100 * 1024;
+        // (failed, stderr, peak kB, expected)
+        let table: &[(bool, &[u8], u64, bool)] = &[
+            (true, py, near, true),
+            (true, node, near, true),
+            (
+                true,
+                b"terminate called after throwing 'std::bad_alloc'\n",
+                near,
+                true,
+            ),
+            (true, b"fatal error: runtime: out of memory\n", near, true),
+            (
+                true,
+                b"Exception java.lang.OutOfMemoryError: Java heap space\n",
+                near,
+                true,
+            ),
+            (true, b"Out of memory!\n", near, true),
+            (
+                true,
+                b"bash: xmalloc: cannot allocate 1048576 bytes\n",
+                near,
+                true,
+            ),
+            // Exited cleanly: whatever it printed, it was not stopped.
+            (false, py, near, false),
+            // One request beyond the limit, refused before any memory was used.
+            (true, py, 9 * 1024, false),
+            // Used memory, but failed for another reason.
+            (true, b"ValueError: bad input\n", near, false),
+            (true, b"", near, false),
+            // Exactly half the limit counts.
+            (true, py, 64 * 1024, true),
+        ];
+        for (i, (failed, stderr, peak, want)) in table.iter().enumerate() {
+            assert_eq!(
+                out_of_memory_evident(*failed, stderr, *peak, limit),
+                *want,
+                "row {i}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_tail_of_stderr_is_read() {
+        let mut stderr = b"MemoryError\n".to_vec();
+        stderr.extend(std::iter::repeat_n(b'.', STDERR_TAIL));
+        assert!(!out_of_memory_evident(true, &stderr, 1 << 20, 128));
+        stderr.extend(b"\nMemoryError\n");
+        assert!(out_of_memory_evident(true, &stderr, 1 << 20, 128));
+    }
+}

@@ -1,0 +1,132 @@
+//! Capture of a job's stdout and stderr: read as they come, with a cap each.
+
+use std::os::fd::OwnedFd;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::outcome::Captured;
+
+/// A job's stdout and stderr, each read by a task of its own.
+pub(super) struct Capture {
+    stdout: JoinHandle<(Vec<u8>, bool)>,
+    stderr: JoinHandle<(Vec<u8>, bool)>,
+}
+
+impl Capture {
+    /// Starts reading both pipes, at most `cap` bytes each, sending chunks to `live` as they
+    /// come; the receiver fires when either goes past the cap.
+    pub fn start(
+        stdout: OwnedFd,
+        stderr: OwnedFd,
+        cap: u64,
+        live: Option<mpsc::UnboundedSender<OutputChunk>>,
+    ) -> (Capture, mpsc::UnboundedReceiver<()>) {
+        let (over_tx, over_rx) = mpsc::unbounded_channel::<()>();
+        let capture = Capture {
+            stdout: tokio::spawn(read_capped(
+                stdout,
+                cap,
+                over_tx.clone(),
+                OutputStream::Stdout,
+                live.clone(),
+            )),
+            stderr: tokio::spawn(read_capped(
+                stderr,
+                cap,
+                over_tx,
+                OutputStream::Stderr,
+                live,
+            )),
+        };
+        (capture, over_rx)
+    }
+
+    /// What was captured, once both pipes have closed.
+    pub async fn finish(self) -> (Captured, Captured) {
+        let captured = |(bytes, truncated): (Vec<u8>, bool)| Captured { bytes, truncated };
+        let stdout = self.stdout.await.unwrap_or_default();
+        let stderr = self.stderr.await.unwrap_or_default();
+        (captured(stdout), captured(stderr))
+    }
+}
+
+/// Which output a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of a running job's output.
+#[derive(Debug, Clone)]
+pub struct OutputChunk {
+    pub stream: OutputStream,
+    pub data: Vec<u8>,
+}
+
+/// Reads up to `cap` bytes; signals `over` when the program writes more, and from then on
+/// reads and discards the rest until the pipe closes. Past the cap the sandbox is being
+/// killed: the pipe stays open until the kill lands, so the program never sees its output
+/// closed (EPIPE, SIGPIPE), which it could otherwise report on stderr before it dies.
+async fn read_capped(
+    fd: OwnedFd,
+    cap: u64,
+    over: mpsc::UnboundedSender<()>,
+    stream: OutputStream,
+    live: Option<mpsc::UnboundedSender<OutputChunk>>,
+) -> (Vec<u8>, bool) {
+    let forward = |data: &[u8]| {
+        if let (Some(tx), false) = (&live, data.is_empty()) {
+            let _ = tx.send(OutputChunk {
+                stream,
+                data: data.to_vec(),
+            });
+        }
+    };
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return (Vec::new(), false);
+    };
+    // One byte past the cap is read to tell "exactly the cap" from "more than the cap"; the
+    // bytes land straight in `out` (no zeroed scratch buffer, no second copy).
+    let limit = (cap as usize).saturating_add(1);
+    let mut out = Vec::new();
+    loop {
+        let want = (limit - out.len()).min(64 * 1024);
+        out.reserve(want);
+        // At most the cap so far (more returns below), so truncating keeps `before..` valid.
+        let before = out.len();
+        match (&mut rx).take(want as u64).read_buf(&mut out).await {
+            Ok(0) | Err(_) => return (out, false),
+            Ok(_) if out.len() > cap as usize => {
+                out.truncate(cap as usize);
+                forward(&out[before..]);
+                let _ = over.send(());
+                drain(&mut rx).await;
+                return (out, true);
+            }
+            Ok(_) => forward(&out[before..]),
+        }
+    }
+}
+
+/// Reads `rx` until it closes, keeping nothing.
+async fn drain(rx: &mut tokio::net::unix::pipe::Receiver) {
+    let mut scratch = vec![0u8; 64 * 1024];
+    while let Ok(n) = rx.read(&mut scratch).await {
+        if n == 0 {
+            return;
+        }
+    }
+}
+
+pub(super) async fn read_all(fd: OwnedFd, max: u64) -> Vec<u8> {
+    let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    let _ = rx.take(max).read_to_end(&mut out).await;
+    out
+}
