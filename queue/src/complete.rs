@@ -131,11 +131,7 @@ impl Queue {
             Err(e) => return (Err(complete_err(e)), Ok(Vec::new())),
         };
         let fresh = match replies.pop().expect("checked above").extract_error() {
-            Ok(v) => Ok(reply::xread(&v)
-                .into_iter()
-                .flat_map(|(_, entries)| entries)
-                .map(|e| Delivery::from_entry(&self.keys, &e, 1, self.config.max_job_bytes))
-                .collect::<Vec<_>>()),
+            Ok(v) => Ok(self.fresh_deliveries(&v)),
             // The group is gone (a flushed Redis): the reader's next read creates it.
             Err(e) if e.code() == Some("NOGROUP") => Ok(Vec::new()),
             Err(e) => Err(self.read_err(e)),
@@ -168,6 +164,15 @@ impl Queue {
             Err(e) => Err(e),
         };
         (completed, read)
+    }
+
+    /// The entries of an `XREADGROUP ... >` reply, delivered for the first time.
+    fn fresh_deliveries(&self, v: &redis::Value) -> Vec<Delivery> {
+        reply::xread(v)
+            .into_iter()
+            .flat_map(|(_, entries)| entries)
+            .map(|e| Delivery::from_entry(&self.keys, &e, 1, self.config.max_job_bytes))
+            .collect()
     }
 
     /// One completion whose script reads the next entries after it (a Redis Cluster): one
@@ -245,12 +250,8 @@ impl Queue {
             }
             None => Ok(parts
                 .get(1)
-                .map(reply::xread)
-                .unwrap_or_default()
-                .into_iter()
-                .flat_map(|(_, entries)| entries)
-                .map(|e| Delivery::from_entry(&self.keys, &e, 1, self.config.max_job_bytes))
-                .collect::<Vec<_>>()),
+                .map(|v| self.fresh_deliveries(v))
+                .unwrap_or_default()),
         };
         let read = match fresh {
             Ok(fresh) => self.skip_completed(fresh).await,

@@ -689,7 +689,8 @@ fn the_escape_checks_pass_inside_a_warm_job_as_root_and_as_nobody() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_job_through_the_queue_has_its_status_in_redis() {
-    let url = "redis://127.0.0.1:6379/";
+    let server = node_support::start_redis();
+    let url = &server.url();
     let queue_name = format!("warm-python-{}", std::process::id());
     let worker = node_support::WorkerProc::start(
         url,
@@ -728,12 +729,6 @@ async fn a_warm_job_through_the_queue_has_its_status_in_redis() {
     );
     let fields: BTreeMap<String, Value> = serde_json::from_str(&raw).unwrap();
     assert!(fields.contains_key("exit_code"));
-    let _: () = forkbox_queue::redis::cmd("DEL")
-        .arg(keys.jobs())
-        .arg(keys.result(&id))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
 }
 
 #[test]

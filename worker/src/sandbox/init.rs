@@ -207,7 +207,11 @@ fn supervise(
         }),
         max_rss_kb: usage.map_or(0, |u| u.max_rss() as u64),
         // Every process is gone: what the job holds outside them stays until the namespaces go.
-        held_kb: held::held_kb(Path::new("/tmp"), Path::new("/proc")),
+        held_kb: if handoff.count_held {
+            held::held_kb(Path::new("/tmp"), Path::new("/proc"))
+        } else {
+            0
+        },
         exec_ns,
         setup_error,
         exit_code,

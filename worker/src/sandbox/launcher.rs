@@ -159,6 +159,7 @@ fn hand_report_over(
         // With a cgroup, the job's CPU time is kept there.
         cpu_budget_ms: (!cfg.cgroup_handshake).then_some(payload.limits.cpu_ms),
         timeout_ms: payload.job.timeout_ms(),
+        count_held: payload.memory == limits::MemoryEnforcement::DataRlimit,
     };
     wire::send(handoff.as_fd(), &handed, &[report.as_fd()])
         .map_err(|e| SetupError::errno("hand the report over", e))?;

@@ -155,6 +155,10 @@ pub struct Handoff {
     /// The job's wall-clock limit: a budget that cannot run out before it is not kept.
     #[serde(default)]
     pub timeout_ms: u64,
+    /// Whether the init counts what the job holds outside its processes into its peak
+    /// (`held.rs`): only when `RLIMIT_DATA` bounds it, since a cgroup's `memory.peak` has it.
+    #[serde(default)]
+    pub count_held: bool,
 }
 
 impl Handoff {
