@@ -35,7 +35,7 @@ impl Shared {
     /// hold even for entries read ahead), each once an engine slot is free. Past the grace
     /// period, what still waits is left pending unrun.
     pub(crate) async fn dispatch(self: Arc<Self>, mut waiting: mpsc::UnboundedReceiver<Queued>) {
-        let mut stop = self.stop.clone();
+        let mut stop = self.life.stop.clone();
         while let Some(q) = waiting.recv().await {
             let slot = tokio::select! {
                 biased;
@@ -43,7 +43,7 @@ impl Shared {
                 slot = self.engine.slot() => Some(slot),
             };
             let Some(slot) = slot else {
-                self.abandoned.fetch_add(1, Ordering::Relaxed);
+                self.life.abandoned.fetch_add(1, Ordering::Relaxed);
                 self.leave_pending(&q.d);
                 continue;
             };
@@ -86,7 +86,7 @@ impl Shared {
 
     async fn run_job(self: Arc<Self>, d: Delivery, hold: Hold, slot: Slot, outbox: Outbox) {
         let Hold { admission, stored } = hold;
-        if d.job.is_ok() && !self.sandbox.alive() {
+        if d.job.is_ok() && !self.life.sandbox.alive() {
             drop((slot, admission, stored));
             self.hand_back(&d).await;
             return;
@@ -124,7 +124,7 @@ impl Shared {
         }
         let killed = AtomicBool::new(false);
         let outcome = {
-            let mut stop = self.stop.clone();
+            let mut stop = self.life.stop.clone();
             let killed = &killed;
             let cancel = async move {
                 tokio::select! {
@@ -146,7 +146,8 @@ impl Shared {
         // round trip, or gives it back to the reader; otherwise it goes back to the reader now.
         ::metrics::gauge!(m::SLOTS_BUSY).decrement(1.0);
         let mut admission = Some(admission);
-        if !self.reads_with_completions || matches!(outcome.status, Status::Error | Status::Invalid)
+        if !self.intake.reads_with_completions
+            || matches!(outcome.status, Status::Error | Status::Invalid)
         {
             drop(admission.take());
         }
@@ -156,8 +157,8 @@ impl Shared {
         let killed = killed.load(Ordering::Relaxed);
         let sandbox_alive = match SandboxCheck::after(outcome.status, killed) {
             SandboxCheck::Skip => true,
-            SandboxCheck::Now => self.sandbox.alive(),
-            SandboxCheck::Settled => self.sandbox.alive_after_failure().await,
+            SandboxCheck::Now => self.life.sandbox.alive(),
+            SandboxCheck::Settled => self.life.sandbox.alive_after_failure().await,
         };
         let max = d.max_attempts(self.config.queue.max_attempts);
         let decided = disposition(&Ran {
@@ -171,7 +172,7 @@ impl Shared {
         match decided {
             Disposition::Abandon => {
                 drop(admission.take());
-                self.abandoned.fetch_add(1, Ordering::Relaxed);
+                self.life.abandoned.fetch_add(1, Ordering::Relaxed);
                 self.leave_pending(&d);
             }
             Disposition::HandBack => {

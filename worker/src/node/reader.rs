@@ -41,7 +41,7 @@ impl Shared {
         self.health.ok();
         for q in self.set.queues() {
             loop {
-                let mut permits = self.slots.take_free().await;
+                let mut permits = self.intake.slots.take_free().await;
                 match q.read_own_pending(&self.name, permits.len()).await {
                     Ok(ds) => {
                         if !ds.is_empty() {
@@ -72,10 +72,10 @@ impl Shared {
         let reclaim_every = (vis / 2).max(Duration::from_millis(100));
         let mut next_reclaim = Instant::now();
         self.set_next_reclaim(next_reclaim);
-        let mut stop = self.stop.clone();
+        let mut stop = self.life.stop.clone();
         loop {
             let mut permits = tokio::select! {
-                p = self.slots.take_free() => p,
+                p = self.intake.slots.take_free() => p,
                 _ = stop.wait_for(|l| *l >= StopLevel::Drain) => return,
             };
             if self.stopping() {
@@ -182,7 +182,7 @@ impl Shared {
             hold,
             outbox: outbox.clone(),
         };
-        if let Err(mpsc::error::SendError(q)) = self.queued.send(queued) {
+        if let Err(mpsc::error::SendError(q)) = self.intake.queued.send(queued) {
             // Only once the node is over: the entry stays pending for the reclaimer.
             self.leave_pending(&q.d);
         }
@@ -196,7 +196,7 @@ impl Refill for Shared {
     }
 
     fn hold_now(&self, admission: OwnedSemaphorePermit) -> Option<Hold> {
-        self.slots.hold_now(admission)
+        self.intake.slots.hold_now(admission)
     }
 
     fn start(self: Arc<Self>, d: Delivery, hold: Hold, outbox: &Outbox) {

@@ -23,8 +23,8 @@ pub(crate) struct Unfinished(watch::Sender<usize>);
 
 impl Unfinished {
     pub(crate) fn count(shared: &Shared) -> Unfinished {
-        shared.busy.send_modify(|n| *n += 1);
-        Unfinished(shared.busy.clone())
+        shared.life.busy.send_modify(|n| *n += 1);
+        Unfinished(shared.life.busy.clone())
     }
 }
 
@@ -48,22 +48,38 @@ pub(crate) struct Shared {
     pub set: QueueSet,
     pub engine: Engine,
     pub config: NodeConfig,
-    pub slots: SlotPool,
-    /// Deliveries in read order, waiting for a slot (see [`job`](crate::node::job)).
-    pub queued: mpsc::UnboundedSender<Queued>,
+    /// How read entries wait for a run.
+    pub intake: Intake,
+    /// What the node is doing about stopping, and what it has left to finish.
+    pub life: Lifetime,
     pub held: Arc<Held>,
     pub board: Arc<CancelBoard>,
     pub health: Arc<RedisHealth>,
-    pub busy: watch::Sender<usize>,
-    pub stop: watch::Receiver<StopLevel>,
-    pub abandoned: std::sync::atomic::AtomicUsize,
-    pub sandbox: SandboxWatch,
+}
+
+/// How read entries wait for a run: the slots that bound the reading, the deliveries waiting
+/// for one, and when the reader reclaims next.
+pub(crate) struct Intake {
+    pub slots: SlotPool,
+    /// Deliveries in read order, waiting for a slot (see [`job`](crate::node::job)).
+    pub queued: mpsc::UnboundedSender<Queued>,
     /// When the reader reclaims next; the outbox reads for freed slots only before it, so a
     /// busy node still reclaims on time.
     pub next_reclaim: Mutex<Instant>,
     /// Whether completions read the next entries (one stream on a single Redis); otherwise a
     /// finished run's admission goes straight back to the reader.
     pub reads_with_completions: bool,
+}
+
+/// The node's lifetime as its tasks see it.
+pub(crate) struct Lifetime {
+    pub stop: watch::Receiver<StopLevel>,
+    /// Job tasks still running (see [`Unfinished`]).
+    pub busy: watch::Sender<usize>,
+    /// Runs left unfinished by a stop past its grace period.
+    pub abandoned: std::sync::atomic::AtomicUsize,
+    /// Stops the node when its zygote is gone.
+    pub sandbox: SandboxWatch,
 }
 
 /// Stops the node once its zygote is gone: no job can run any more.
@@ -113,15 +129,26 @@ impl SandboxWatch {
 
 impl Shared {
     pub(crate) fn set_next_reclaim(&self, at: Instant) {
-        *self.next_reclaim.lock().expect("reclaim lock") = at;
+        *self.intake.next_reclaim.lock().expect("reclaim lock") = at;
     }
 
     /// Whether the outbox may read new entries with a completion now: the node is not
     /// stopping and no reclaim is due (the reader reclaims with the admissions it gets back).
     pub(crate) fn may_refill(&self) -> bool {
-        !self.stopping() && Instant::now() < *self.next_reclaim.lock().expect("reclaim lock")
+        !self.stopping() && Instant::now() < *self.intake.next_reclaim.lock().expect("reclaim lock")
     }
 
+    pub(crate) fn stopping(&self) -> bool {
+        self.life.stopping()
+    }
+
+    /// Sleeps `d`, or less when a stop is requested. Returns false when stopping.
+    pub(crate) async fn pause(&self, d: Duration) -> bool {
+        self.life.pause(d).await
+    }
+}
+
+impl Lifetime {
     pub(crate) fn stopping(&self) -> bool {
         *self.stop.borrow() >= StopLevel::Drain
     }

@@ -23,7 +23,7 @@ use crate::node::held::Held;
 use crate::node::metrics::{self as m, NodeStatus};
 use crate::node::outbox;
 use crate::node::preflight;
-use crate::node::shared::{SandboxWatch, Shared};
+use crate::node::shared::{Intake, Lifetime, SandboxWatch, Shared};
 use crate::node::stop::{StopHandle, StopLevel};
 use crate::node::upkeep;
 use crate::sandbox::Engine;
@@ -150,17 +150,21 @@ impl Node {
             name: config.name.clone(),
             set: set.clone(),
             engine: self.engine,
-            slots: SlotPool::new(config.slots, config.prefetch),
-            queued,
             held: Arc::new(Held::default()),
             board: Arc::new(CancelBoard::default()),
             health: health.clone(),
-            busy,
-            stop: stop_rx.clone(),
-            abandoned: Default::default(),
-            sandbox: sandbox.clone(),
-            next_reclaim: Mutex::new(Instant::now()),
-            reads_with_completions,
+            intake: Intake {
+                slots: SlotPool::new(config.slots, config.prefetch),
+                queued,
+                next_reclaim: Mutex::new(Instant::now()),
+                reads_with_completions,
+            },
+            life: Lifetime {
+                stop: stop_rx.clone(),
+                busy,
+                abandoned: Default::default(),
+                sandbox: sandbox.clone(),
+            },
             config,
         });
         let config = &shared.config;
@@ -213,7 +217,7 @@ impl Node {
         let _ = reader.await;
         drop(outbox);
 
-        let mut busy = shared.busy.subscribe();
+        let mut busy = shared.life.busy.subscribe();
         let unfinished = *busy.borrow();
         if unfinished > 0 {
             tracing::info!("waiting for {unfinished} job(s) running or about to run");
@@ -262,7 +266,7 @@ impl Node {
         if sandbox.lost.load(Ordering::Relaxed) {
             return Err(NodeError::SandboxGone);
         }
-        let abandoned = shared.abandoned.load(Ordering::Relaxed);
+        let abandoned = shared.life.abandoned.load(Ordering::Relaxed);
         tracing::info!("worker {} stopped", config.name);
         Ok(NodeReport { abandoned })
     }
