@@ -13,6 +13,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
 
 use super::sys::{self, SockFilter};
 
@@ -39,6 +40,10 @@ pub trait Syscalls {
     /// Drops every capability up to `last` from every set, and the bounding and ambient sets.
     fn drop_all_capabilities(&self, last: libc::c_ulong) -> nix::Result<()>;
     fn install_seccomp(&self, program: &[SockFilter]) -> nix::Result<()>;
+    fn unshare(&self, flags: CloneFlags) -> nix::Result<()>;
+    /// Brings the loopback interface of the current network namespace up.
+    fn loopback_up(&self) -> nix::Result<()>;
+    fn sethostname(&self, name: &str) -> nix::Result<()>;
 }
 
 /// The real calls.
@@ -96,6 +101,18 @@ impl Syscalls for Host {
     fn install_seccomp(&self, program: &[SockFilter]) -> nix::Result<()> {
         sys::install_seccomp(program)
     }
+
+    fn unshare(&self, flags: CloneFlags) -> nix::Result<()> {
+        nix::sched::unshare(flags)
+    }
+
+    fn loopback_up(&self) -> nix::Result<()> {
+        sys::loopback_up()
+    }
+
+    fn sethostname(&self, name: &str) -> nix::Result<()> {
+        nix::unistd::sethostname(name)
+    }
 }
 
 #[cfg(test)]
@@ -108,6 +125,7 @@ pub(super) mod recording {
 
     use nix::errno::Errno;
     use nix::mount::MsFlags;
+    use nix::sched::CloneFlags;
 
     use super::Syscalls;
     use crate::sandbox::sys::SockFilter;
@@ -133,6 +151,9 @@ pub(super) mod recording {
         NoNewPrivs,
         DropCapabilities(libc::c_ulong),
         Seccomp(usize),
+        Unshare(CloneFlags),
+        LoopbackUp,
+        Sethostname(String),
     }
 
     /// Records calls; fails with EPERM the first call `fail` matches (and every later one it
@@ -217,6 +238,18 @@ pub(super) mod recording {
 
         fn install_seccomp(&self, program: &[SockFilter]) -> nix::Result<()> {
             self.record(Call::Seccomp(program.len()))
+        }
+
+        fn unshare(&self, flags: CloneFlags) -> nix::Result<()> {
+            self.record(Call::Unshare(flags))
+        }
+
+        fn loopback_up(&self) -> nix::Result<()> {
+            self.record(Call::LoopbackUp)
+        }
+
+        fn sethostname(&self, name: &str) -> nix::Result<()> {
+            self.record(Call::Sethostname(name.to_owned()))
         }
     }
 }

@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
@@ -21,6 +22,7 @@ use nix::unistd::Pid;
 use super::hardening::Hardening;
 use super::netns::NetFactory;
 use super::sys::{self, Forked, SingleThreaded};
+use super::syscalls::{Host, Syscalls};
 use super::watchdog::Deadline;
 use super::wire::{
     self, ExecNote, Exit, FromInit, FromZygote, SetupError, ToInit, ToZygote, ZygoteConfig,
@@ -67,23 +69,7 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening),
     };
     // The engine writes the maps; until then the zygote has no identity in its namespace.
     identity::enter_user_namespace(control)?;
-    // Created after the user namespace, so they are owned by it.
-    let ns = CloneFlags::CLONE_NEWNS
-        | CloneFlags::CLONE_NEWNET
-        | CloneFlags::CLONE_NEWIPC
-        | CloneFlags::CLONE_NEWUTS;
-    nix::sched::unshare(ns)
-        .map_err(|e| SetupError::errno("unshare mount/net/ipc/uts namespaces", e))?;
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| SetupError::errno("make-rprivate", e).at("/"))?;
-    sys::loopback_up().map_err(|e| SetupError::errno("bring up lo", e))?;
-    nix::unistd::sethostname("forkbox").map_err(|e| SetupError::errno("sethostname", e))?;
+    own_namespaces(&Host)?;
     // The watchdog's kills should not queue behind the jobs it watches. Only possible with
     // privilege; sandboxes go back to the normal priority as their first step.
     let _ = sys::set_nice(ZYGOTE_NICE);
@@ -101,6 +87,31 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening),
     wire::send(control.as_fd(), &ready, &[])
         .map_err(|e| SetupError::errno("zygote: report ready", e))?;
     Ok((one, cfg, hardening))
+}
+
+/// The zygote's own namespaces, made after its user namespace so that they are owned by it:
+/// mount (every mount made private before anything else, so nothing the sandboxes mount
+/// propagates to the host), network (loopback up), ipc and uts (its hostname).
+fn own_namespaces(k: &impl Syscalls) -> Result<(), SetupError> {
+    let ns = CloneFlags::CLONE_NEWNS
+        | CloneFlags::CLONE_NEWNET
+        | CloneFlags::CLONE_NEWIPC
+        | CloneFlags::CLONE_NEWUTS;
+    k.unshare(ns)
+        .map_err(|e| SetupError::errno("unshare mount/net/ipc/uts namespaces", e))?;
+    k.mount(
+        None,
+        Path::new("/"),
+        None,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None,
+    )
+    .map_err(|e| SetupError::errno("make-rprivate", e).at("/"))?;
+    k.loopback_up()
+        .map_err(|e| SetupError::errno("bring up lo", e))?;
+    k.sethostname("forkbox")
+        .map_err(|e| SetupError::errno("sethostname", e))?;
+    Ok(())
 }
 
 /// The zygote's epoll set and what each of its tokens refers to.
@@ -762,5 +773,54 @@ impl Zygote {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nix::mount::MsFlags;
+    use nix::sched::CloneFlags;
+
+    use super::own_namespaces;
+    use crate::sandbox::syscalls::recording::{Call, Recorder};
+
+    #[test]
+    fn the_zygote_makes_its_mounts_private_before_anything_else() {
+        let k = Recorder::default();
+        own_namespaces(&k).unwrap();
+        assert_eq!(
+            k.calls(),
+            vec![
+                Call::Unshare(
+                    CloneFlags::CLONE_NEWNS
+                        | CloneFlags::CLONE_NEWNET
+                        | CloneFlags::CLONE_NEWIPC
+                        | CloneFlags::CLONE_NEWUTS
+                ),
+                Call::Mount {
+                    source: None,
+                    target: "/".into(),
+                    fstype: None,
+                    flags: MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                },
+                Call::LoopbackUp,
+                Call::Sethostname("forkbox".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_refused_step_stops_the_zygote_naming_it() {
+        let k = Recorder {
+            fail: Some(|c| matches!(c, Call::Mount { .. })),
+            ..Recorder::default()
+        };
+        let e = own_namespaces(&k).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "make-rprivate /: EPERM: Operation not permitted"
+        );
+        // Nothing after the refused step ran.
+        assert_eq!(k.calls().len(), 2);
     }
 }
