@@ -5,6 +5,7 @@
 //! the command line (and say so), and report through the queue like any job.
 
 mod node_support;
+mod sandbox_support;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
@@ -548,34 +549,6 @@ out["denied"] = denied
 print(json.dumps(out))
 "#;
 
-fn identities() -> Vec<bool> {
-    if nix::unistd::Uid::effective().is_root() {
-        vec![true, false]
-    } else {
-        forkbox_queue::skip::skipped("root variant (tests run unprivileged)");
-        vec![false]
-    }
-}
-
-/// The binary where `nobody` can run it (a checkout under a private home is not traversable).
-fn reachable_bin() -> std::path::PathBuf {
-    let ok = Command::new("runuser")
-        .args(["-u", "nobody", "--", "test", "-x", BIN])
-        .status()
-        .is_ok_and(|s| s.success());
-    if ok {
-        return BIN.into();
-    }
-    let dir = std::env::temp_dir().join(format!("forkbox-warm-bin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let copy = dir.join("forkbox");
-    std::fs::copy(BIN, &copy).unwrap();
-    for p in [&dir, &copy] {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    }
-    copy
-}
-
 #[test]
 fn the_escape_checks_pass_inside_a_warm_job_as_root_and_as_nobody() {
     let denied: Vec<(String, i32)> = forkbox::sandbox::seccomp::DENIED
@@ -589,18 +562,8 @@ fn the_escape_checks_pass_inside_a_warm_job_as_root_and_as_nobody() {
         .collect();
     let denied_json = serde_json::to_string(&denied).unwrap();
     let hosts_before = std::fs::read("/etc/hosts").unwrap();
-    let bin = reachable_bin();
-    for root in identities() {
-        let mut c = if root && nix::unistd::Uid::effective().is_root() {
-            Command::new(BIN)
-        } else if nix::unistd::Uid::effective().is_root() {
-            let mut c = Command::new("runuser");
-            c.args(["-u", "nobody", "--"]).arg(&bin);
-            c
-        } else {
-            Command::new(BIN)
-        };
-        let out = c
+    for who in sandbox_support::identities() {
+        let out = sandbox_support::forkbox(who)
             .args([
                 "run",
                 "--json",
@@ -614,7 +577,7 @@ fn the_escape_checks_pass_inside_a_warm_job_as_root_and_as_nobody() {
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        let who = if root { "root" } else { "nobody" };
+        let who = format!("{who:?}");
         let result: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{who}: {e}: {}", String::from_utf8_lossy(&out.stderr)));
         assert_eq!(result["runtime"]["warm"], true, "{who}: {result}");
