@@ -284,13 +284,12 @@ async fn zygote_death_hands_back(jobs_n: usize, prefetch: u64) {
 
     let done_by_a = results_stream(u, "default").await.len();
     let _b = WorkerProc::start(&url, "zyg-b", &args);
-    let results = poll(
+    let results = results_at_least(
+        u,
+        "default",
+        jobs_n,
         Duration::from_secs(120),
         "every job done via B",
-        || async move {
-            let r = results_stream(u, "default").await;
-            (r.len() >= jobs_n).then_some(r)
-        },
     )
     .await;
     eprintln!(
@@ -335,13 +334,12 @@ async fn a_large_abandoned_backlog_drains_at_the_reclaimers_speed() {
         &["--slots", "2", "--visibility-timeout-ms", "2000"],
     );
     let u = url.as_str();
-    let results = poll(
+    let results = results_at_least(
+        u,
+        "default",
+        JOBS,
         Duration::from_secs(30),
         "the abandoned backlog drained",
-        || async move {
-            let r = results_stream(u, "default").await;
-            (r.len() >= JOBS).then_some(r)
-        },
     )
     .await;
     eprintln!(

@@ -249,6 +249,21 @@ pub async fn results_stream(url: &str, queue: &str) -> Vec<(String, serde_json::
         .collect()
 }
 
+/// The results stream of `queue` once it holds at least `n` entries (fails after `limit`).
+pub async fn results_at_least(
+    url: &str,
+    queue: &str,
+    n: usize,
+    limit: Duration,
+    what: &str,
+) -> Vec<(String, serde_json::Value)> {
+    poll(limit, what, || async move {
+        let r = results_stream(url, queue).await;
+        (r.len() >= n).then_some(r)
+    })
+    .await
+}
+
 pub fn start_redis() -> RedisServer {
     RedisServer::start().expect("redis-server (install it, or set FORKBOX_REDIS_SERVER)")
 }
