@@ -572,11 +572,7 @@ async fn results_left_unstored_at_exit_are_named() {
     })
     .await
     .unwrap();
-    poll(WAIT, "the job running", || async move {
-        let page = http_get(metrics, "/metrics").1;
-        (metric(&page, "forkbox_slots_busy", &[]) == Some(1.0)).then_some(())
-    })
-    .await;
+    slots_busy(metrics, 1.0, WAIT, "the job running").await;
     let pid = nix::unistd::Pid::from_raw(server.pid().unwrap() as i32);
     nix::sys::signal::kill(pid, Signal::SIGSTOP).unwrap();
     w.signal(Signal::SIGTERM);
@@ -612,13 +608,7 @@ async fn one_refused_completion_does_not_fail_the_results_finished_with_it() {
         &["--queues", "batchref", "--slots", "4"],
     );
     let metrics = w.metrics_addr();
-    let busy = |n: f64| async move {
-        poll(WAIT, "slots busy", || async move {
-            let page = http_get(metrics, "/metrics").1;
-            (metric(&page, "forkbox_slots_busy", &[]) == Some(n)).then_some(())
-        })
-        .await
-    };
+    let busy = |n: f64| slots_busy(metrics, n, WAIT, "slots busy");
     let ids = ["good-1", "good-2", "good-3", "bad"];
     let jobs: Vec<Job> = ids
         .iter()

@@ -19,11 +19,7 @@ fn with_id(id: &str, job: Job) -> Job {
 
 /// Waits until `/metrics` reports `n` busy slots.
 async fn busy(metrics: std::net::SocketAddr, n: f64) {
-    poll(Duration::from_secs(60), "slots busy", || async move {
-        let page = http_get(metrics, "/metrics").1;
-        (metric(&page, "forkbox_slots_busy", &[]) == Some(n)).then_some(())
-    })
-    .await;
+    slots_busy(metrics, n, Duration::from_secs(60), "slots busy").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

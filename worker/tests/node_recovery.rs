@@ -68,11 +68,7 @@ async fn a_short_redis_outage_costs_seconds_not_minutes() {
             .await
             .unwrap();
     }
-    poll(Duration::from_secs(60), "both slots busy", || async move {
-        let page = http_get(metrics, "/metrics").1;
-        (metric(&page, "forkbox_slots_busy", &[]) == Some(2.0)).then_some(())
-    })
-    .await;
+    slots_busy(metrics, 2.0, Duration::from_secs(60), "both slots busy").await;
 
     server.kill().unwrap();
     // The node notices, logs, counts, and says so on /healthz.
@@ -137,13 +133,11 @@ async fn a_short_redis_outage_costs_seconds_not_minutes() {
     let q = fresh_queue(&url).await.unwrap();
     q.enqueue(&job("short", "sleep 2")).await.unwrap();
     q.enqueue(&job("long", "sleep 60")).await.unwrap();
-    poll(
+    slots_busy(
+        metrics,
+        2.0,
         Duration::from_secs(60),
         "both slots busy again",
-        || async move {
-            let page = http_get(metrics, "/metrics").1;
-            (metric(&page, "forkbox_slots_busy", &[]) == Some(2.0)).then_some(())
-        },
     )
     .await;
     server.kill().unwrap();
@@ -446,15 +440,7 @@ async fn a_late_completion_after_the_first_result_expired_stores_nothing() {
     })
     .await
     .unwrap();
-    poll(
-        Duration::from_secs(60),
-        "A running the job",
-        || async move {
-            let page = http_get(a_metrics, "/metrics").1;
-            (metric(&page, "forkbox_slots_busy", &[]) == Some(1.0)).then_some(())
-        },
-    )
-    .await;
+    slots_busy(a_metrics, 1.0, Duration::from_secs(60), "A running the job").await;
     // A stalls past the visibility timeout; its sandbox runs on.
     a.signal(Signal::SIGSTOP);
     let mut b = WorkerProc::start(&url, "late-b", &args);
@@ -475,13 +461,11 @@ async fn a_late_completion_after_the_first_result_expired_stores_nothing() {
     .await;
     a.signal(Signal::SIGCONT);
     // A finishes its copy (its job ended while A was stopped) and tries to store it.
-    poll(
+    slots_busy(
+        a_metrics,
+        0.0,
         Duration::from_secs(30),
         "A done with its copy",
-        || async move {
-            let page = http_get(a_metrics, "/metrics").1;
-            (metric(&page, "forkbox_slots_busy", &[]) == Some(0.0)).then_some(())
-        },
     )
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -173,11 +173,7 @@ fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
         "sleep 1; echo late",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(&http_get(metrics, "/metrics").1, "forkbox_slots_busy", &[]) != Some(1.0) {
-        assert!(Instant::now() < deadline, "the job never started");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    metric_reaches(metrics, "forkbox_slots_busy", &[], 1.0);
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(child.id() as i32),
         Signal::SIGINT,

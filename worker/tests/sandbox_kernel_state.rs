@@ -273,6 +273,54 @@ print(json.dumps(out))
     }
 }
 
+#[test]
+fn dnotify_and_kernel_aio_are_unavailable_and_other_fcntl_calls_work() {
+    let program = format!(
+        r#"{PRELUDE}
+import fcntl
+d = os.open("/usr/bin", os.O_RDONLY | os.O_DIRECTORY)
+out["F_NOTIFY"] = sc(72, d, fcntl.F_NOTIFY, fcntl.DN_ACCESS | fcntl.DN_MULTISHOT)
+# The command is an int: a high half must not carry F_NOTIFY past the filter.
+out["F_NOTIFY, high bits set"] = sc(72, d, (1 << 32) | fcntl.F_NOTIFY, fcntl.DN_ACCESS)
+try:
+    fcntl.fcntl(d, fcntl.F_NOTIFY, fcntl.DN_ACCESS)
+    out["fcntl.F_NOTIFY"] = "watching"
+except OSError as e:
+    out["fcntl.F_NOTIFY"] = e.errno
+ctx = ctypes.c_ulong(0)
+out["io_setup"] = sc(206, 1, ctypes.addressof(ctx))
+# fcntl's other commands, and locks on the job's own files, are untouched.
+out["F_GETFD"] = fcntl.fcntl(d, fcntl.F_GETFD) & fcntl.FD_CLOEXEC
+with open("/tmp/lock", "w") as f:
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    out["locks"] = "held"
+print(json.dumps(out))
+"#
+    );
+    for who in identities() {
+        let got = python(who, &[], &program);
+        assert_eq!(
+            got["F_NOTIFY"],
+            serde_json::json!([-1, libc::EINVAL]),
+            "{who:?}"
+        );
+        assert_eq!(
+            got["F_NOTIFY, high bits set"],
+            serde_json::json!([-1, libc::EINVAL]),
+            "{who:?}"
+        );
+        assert_eq!(got["fcntl.F_NOTIFY"], libc::EINVAL, "{who:?}");
+        assert_eq!(
+            got["io_setup"],
+            serde_json::json!([-1, libc::ENOSYS]),
+            "{who:?}"
+        );
+        assert_eq!(got["F_GETFD"], 1, "{who:?}");
+        assert_eq!(got["locks"], "held", "{who:?}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // /proc/sys and ipc memory
 

@@ -8,14 +8,17 @@
 //! filter only allows the native ABI, so no deny rule can be bypassed through a twin number.
 //!
 //! Some calls are refused only for some arguments: `clone` with any namespace flag (a new user
-//! namespace would hand the child every capability over namespaces of its own), and sockets of
+//! namespace would hand the child every capability over namespaces of its own), sockets of
 //! any family but Unix, IPv4, IPv6 and netlink (the others are either not namespaced, such as
-//! vsock, or old protocol code loaded on demand as a module, host-wide). A few calls fail with
-//! ENOSYS instead, as on a kernel built without them, because programs fall back when they
-//! see it: `clone3` (whose flags sit in memory, out of the filter's reach; libc then uses
-//! `clone`), inotify (a watch on a shared host directory shows which files other jobs open,
-//! and the instance quota is one for every sandbox of the node), and memfd (its pages are
-//! outside the job's disk and, without cgroups, outside every limit).
+//! vsock, or old protocol code loaded on demand as a module, host-wide), and `fcntl`'s
+//! `F_NOTIFY` (dnotify: a watch on a shared host directory, like inotify's, would show which
+//! files the host and other jobs open; it fails with EINVAL, as on a kernel without dnotify).
+//! A few calls fail with ENOSYS instead, as on a kernel built without them, because programs
+//! fall back when they see it: `clone3` (whose flags sit in memory, out of the filter's reach;
+//! libc then uses `clone`), inotify (see dnotify; and the instance quota is one for every
+//! sandbox of the node), memfd (its pages are outside the job's disk and, without cgroups,
+//! outside every limit), and the kernel's asynchronous I/O (`io_setup`: its contexts come from
+//! one host-wide pool, `fs.aio-max-nr`, that a single job could take whole).
 
 use std::io::{Read, Seek};
 
@@ -77,21 +80,41 @@ pub const DENIED: &[&str] = &[
     "iopl",
     "ioperm",
     "quotactl",
+    "quotactl_fd",
     "vhangup",
     // Filesystem-wide event monitoring (inotify is in `UNAVAILABLE`).
     "fanotify_init",
 ];
 
+/// Mount-table calls newer than the syscall tables of the libseccomp the node may be built
+/// with, denied with EPERM by their native (x86_64) number.
+pub const DENIED_BY_NUMBER: &[(&str, i32)] = &[
+    // Read the mount table of any namespace the caller can name.
+    ("statmount", 457),
+    ("listmount", 458),
+    // `open_tree` with mount attributes.
+    ("open_tree_attr", 467),
+];
+
 /// Syscalls that fail with ENOSYS, as on a kernel without them, so programs take the fallback
 /// they have for that case: `clone` for `clone3`, polling for inotify, a file in `/dev/shm`
-/// (on the job's disk) for memfd.
+/// (on the job's disk) for memfd, threads (glibc's POSIX aio) for the kernel's aio.
 pub const UNAVAILABLE: &[&str] = &[
     "clone3",
     "inotify_init",
     "inotify_init1",
     "memfd_create",
     "memfd_secret",
+    "io_setup",
+    "io_destroy",
+    "io_submit",
+    "io_cancel",
+    "io_getevents",
+    "io_pgetevents",
 ];
+
+/// `fcntl`'s dnotify command, which fails with EINVAL.
+pub const F_NOTIFY: u64 = libc::F_NOTIFY as u64;
 
 /// The `clone` flags that create namespaces; `clone` with any of them fails with EPERM.
 /// CLONE_NEWTIME shares its bit with the exit signal byte, where no valid signal sets it.
@@ -121,7 +144,7 @@ const SOCKET_CALLS: &[&str] = &["socket", "socketpair"];
 /// What the policy does with one call: the errno it fails with, or none when it is allowed.
 /// The reference the compiled program is tested against, written from the tables alone.
 pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
-    if DENIED.contains(&name) {
+    if DENIED.contains(&name) || DENIED_BY_NUMBER.iter().any(|&(n, _)| n == name) {
         return Some(libc::EPERM);
     }
     if UNAVAILABLE.contains(&name) {
@@ -133,7 +156,29 @@ pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
     if SOCKET_CALLS.contains(&name) && !SOCKET_FAMILIES.contains(&args[0]) {
         return Some(libc::EAFNOSUPPORT);
     }
+    // The command is an unsigned int: only the low half of the register reaches the kernel.
+    if name == "fcntl" && args[1] & 0xffff_ffff == F_NOTIFY {
+        return Some(libc::EINVAL);
+    }
     None
+}
+
+/// The calls with argument rules: every call of theirs runs the filter.
+pub const ARGUMENT_CALLS: &[&str] = &["clone", "socket", "socketpair", "fcntl"];
+
+/// Every call denied with EPERM, with its native number: [`DENIED`] through libseccomp's
+/// tables, then [`DENIED_BY_NUMBER`].
+pub fn denied_numbers() -> Result<Vec<(&'static str, i32)>, SeccompError> {
+    let mut calls = DENIED
+        .iter()
+        .map(|&name| {
+            ScmpSyscall::from_name(name)
+                .map(|nr| (name, i32::from(nr)))
+                .map_err(|_| SeccompError::UnknownSyscall(name))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    calls.extend_from_slice(DENIED_BY_NUMBER);
+    Ok(calls)
 }
 
 /// Why the policy could not be compiled.
@@ -166,9 +211,22 @@ pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
     for name in DENIED {
         ctx.add_rule(ScmpAction::Errno(libc::EPERM), syscall(name)?)?;
     }
+    for &(_, nr) in DENIED_BY_NUMBER {
+        ctx.add_rule(ScmpAction::Errno(libc::EPERM), ScmpSyscall::from(nr))?;
+    }
     for name in UNAVAILABLE {
         ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), syscall(name)?)?;
     }
+    // The mask drops the high half, which the kernel ignores too.
+    ctx.add_rule_conditional(
+        ScmpAction::Errno(libc::EINVAL),
+        syscall("fcntl")?,
+        &[ScmpArgCompare::new(
+            1,
+            ScmpCompareOp::MaskedEqual(0xffff_ffff),
+            F_NOTIFY,
+        )],
+    )?;
     // One rule per flag: the filter compares an argument with one mask and one value, and
     // rules of one call are alternatives. Only the low half of the flags reaches the kernel,
     // which is where the masks look.
@@ -251,6 +309,13 @@ mod tests {
             assert!(seen.insert(name), "{name} listed twice");
         }
         assert!(SOCKET_FAMILIES.windows(2).all(|w| w[0] < w[1]));
+        for (name, nr) in DENIED_BY_NUMBER {
+            assert!(seen.insert(name), "{name} listed twice");
+            // A libseccomp that knows the call must agree on its number.
+            if let Ok(known) = ScmpSyscall::from_name(name) {
+                assert_eq!(i32::from(known), *nr, "{name}");
+            }
+        }
     }
 
     #[test]
@@ -261,11 +326,21 @@ mod tests {
             process_vm_writev swapon swapoff acct settimeofday clock_settime clock_adjtime adjtimex \
             syslog iopl ioperm quotactl io_uring_setup io_uring_enter io_uring_register \
             lookup_dcookie vhangup fsopen fsmount move_mount open_tree fspick mount_setattr \
-            fanotify_init";
+            fanotify_init quotactl_fd";
         for name in required.split_whitespace() {
             assert!(DENIED.contains(&name), "{name} missing from the deny list");
         }
-        for name in ["clone3", "inotify_init", "inotify_init1", "memfd_create"] {
+        for name in ["statmount", "listmount", "open_tree_attr"] {
+            assert!(DENIED_BY_NUMBER.iter().any(|&(n, _)| n == name), "{name}");
+        }
+        for name in [
+            "clone3",
+            "inotify_init",
+            "inotify_init1",
+            "memfd_create",
+            "io_setup",
+            "io_submit",
+        ] {
             assert!(UNAVAILABLE.contains(&name), "{name} missing");
         }
     }
@@ -304,6 +379,17 @@ mod tests {
             assert_eq!(clone(flag | 0xffff_ffff_0000_0000), Some(libc::EPERM));
         }
         assert_eq!(verdict("clone3", &[0; 6]), Some(libc::ENOSYS));
+        let fcntl = |cmd: u64| verdict("fcntl", &[3, cmd, 0, 0, 0, 0]);
+        assert_eq!(fcntl(F_NOTIFY), Some(libc::EINVAL));
+        assert_eq!(fcntl(F_NOTIFY | 1 << 32), Some(libc::EINVAL));
+        for allowed in [
+            libc::F_GETFL,
+            libc::F_SETFL,
+            libc::F_SETLK,
+            libc::F_DUPFD_CLOEXEC,
+        ] {
+            assert_eq!(fcntl(allowed as u64), None, "{allowed}");
+        }
         let socket = |family: u64| verdict("socket", &[family, 1, 0, 0, 0, 0]);
         for family in [
             libc::AF_UNIX,
@@ -430,6 +516,14 @@ mod tests {
             v.push([first | 0xffff_ffff_0000_0000, 1, 0, 0, 0, 0]);
         }
         v.push([0x3d0f00 | libc::SIGCHLD as u64, 0, 0, 0, 0, 0]);
+        for cmd in [
+            F_NOTIFY,
+            F_NOTIFY | 1 << 32,
+            F_NOTIFY | 1 << 63,
+            F_NOTIFY + 1,
+        ] {
+            v.push([3, cmd, 0, 0, 0, 0]);
+        }
         v.push([0x7fff_ffff, 0, 0, 0, 0, 0]);
         v
     }
@@ -437,7 +531,7 @@ mod tests {
     #[test]
     fn program_matches_the_policy_for_every_call_and_argument_probe() {
         let prog = compile().unwrap();
-        let names: std::collections::HashMap<u32, String> = (0..1024)
+        let mut names: std::collections::HashMap<u32, String> = (0..1024)
             .filter_map(|n| {
                 ScmpSyscall::from(n)
                     .get_name()
@@ -445,6 +539,9 @@ mod tests {
                     .map(|name| (n as u32, name))
             })
             .collect();
+        for &(name, nr) in DENIED_BY_NUMBER {
+            names.insert(nr as u32, name.to_owned());
+        }
         let probes = probes();
         let mut longest_unconditional = 0;
         for nr in 0..1024u32 {
@@ -456,7 +553,7 @@ mod tests {
                     expected(name, args),
                     "syscall {nr} {name:?} {args:x?}"
                 );
-                if !name.is_some_and(|n| n == "clone" || SOCKET_CALLS.contains(&n)) {
+                if !name.is_some_and(|n| ARGUMENT_CALLS.contains(&n)) {
                     longest_unconditional = longest_unconditional.max(steps);
                 }
             }
@@ -489,6 +586,16 @@ mod tests {
             errno(libc::EAFNOSUPPORT)
         );
         assert_eq!(run(&prog, X86_64, nr("socket"), &inet).0, ALLOW);
+        let fcntl = nr("fcntl");
+        let notify = [3, F_NOTIFY, 0, 0, 0, 0];
+        assert_eq!(run(&prog, X86_64, fcntl, &notify).0, errno(libc::EINVAL));
+        let getfl = [3, libc::F_GETFL as u64, 0, 0, 0, 0];
+        assert_eq!(run(&prog, X86_64, fcntl, &getfl).0, ALLOW);
+        assert_eq!(
+            run(&prog, X86_64, nr("io_setup"), &[0; 6]).0,
+            errno(libc::ENOSYS)
+        );
+        assert_eq!(run(&prog, X86_64, 457, &[0; 6]).0, errno(libc::EPERM));
     }
 
     /// The kernel caches, per syscall number, the calls a filter allows whatever the
@@ -501,10 +608,7 @@ mod tests {
         let poison = [0xdead_beef_dead_beef_u64; 6];
         for nr in 0..1024u32 {
             let name = ScmpSyscall::from(nr as i32).get_name().ok();
-            if name
-                .as_deref()
-                .is_some_and(|n| n == "clone" || SOCKET_CALLS.contains(&n))
-            {
+            if name.as_deref().is_some_and(|n| ARGUMENT_CALLS.contains(&n)) {
                 continue;
             }
             // Any argument load changes the outcome's dependence on `args`; run with two

@@ -264,6 +264,15 @@ pub async fn results_at_least(
     .await
 }
 
+/// Waits until the node's `/metrics` reports `n` busy slots (fails after `limit`, naming `what`).
+pub async fn slots_busy(metrics: SocketAddr, n: f64, limit: Duration, what: &str) {
+    poll(limit, what, || async move {
+        let page = http_get(metrics, "/metrics").1;
+        (metric(&page, "forkbox_slots_busy", &[]) == Some(n)).then_some(())
+    })
+    .await
+}
+
 pub fn start_redis() -> RedisServer {
     RedisServer::start().expect("redis-server (install it, or set FORKBOX_REDIS_SERVER)")
 }
