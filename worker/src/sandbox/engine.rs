@@ -327,6 +327,7 @@ impl Engine {
             net_per_sandbox: config.net_per_sandbox,
             cgroup_handshake: cgroups.is_some(),
             python: python_request,
+            sandbox_id: identity::sandbox_id(),
         };
         wire::send(ours.as_fd(), &zcfg, &[]).map_err(EngineError::Channel)?;
         Ok(Spawned {
@@ -444,7 +445,8 @@ impl Spawned {
                 identity::IdentityError::IdMap { path, source } => {
                     EngineError::IdMap { path, source }
                 }
-                e @ identity::IdentityError::HostRootMapped => EngineError::Config(e.to_string()),
+                e @ (identity::IdentityError::HostRootMapped
+                | identity::IdentityError::NoSandboxId(_)) => EngineError::Config(e.to_string()),
             },
         )?;
         wire::send(ours.as_fd(), &ToZygote::MapsWritten, &[]).map_err(EngineError::Channel)?;

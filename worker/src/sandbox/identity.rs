@@ -4,8 +4,12 @@
 //! ([`write_zygote_maps`], parent side; [`enter_user_namespace`], zygote side): the zygote's
 //! root is an unprivileged host id, never host uid 0. Each sandbox is cloned into a user
 //! namespace of its own, whose maps the zygote writes ([`write_sandbox_maps`]; the init waits
-//! for them in [`await_sandbox_maps`]): its root is the zygote's root, so RLIMIT_NPROC counts
-//! each sandbox's processes alone.
+//! for them in [`await_sandbox_maps`] and becomes its root in [`become_sandbox_root`]), so
+//! RLIMIT_NPROC counts each sandbox's processes alone. As host root, the sandboxes' root is
+//! another host id than the zygote's ([`sandbox_id`]): the kernel keeps some counts per host
+//! user for the whole machine (epoll watches, pipe buffers, descriptors in flight), and a job
+//! that fills them must not stop the zygote from building and watching the next sandboxes.
+//! Rootless, the invoking user is the only id there is, and both are it.
 
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -24,11 +28,19 @@ pub enum IdentityError {
     },
     #[error("refusing to map host uid 0 into the sandbox")]
     HostRootMapped,
+    #[error("host id {0} leaves no id above it for the sandboxes' root")]
+    NoSandboxId(u32),
+}
+
+/// The id, in the zygote's user namespace, that each sandbox's root maps to: 1 (host id
+/// `root_mapped_id + 1`) as host root, 0 (the invoking user) rootless.
+pub(super) fn sandbox_id() -> u32 {
+    u32::from(Uid::current().is_root())
 }
 
 /// Engine side: writes the zygote's maps; returns how identity is enforced. Host uid 0 is
-/// never mapped: as root, the sandbox's root is an unprivileged id; as an ordinary user, it is
-/// that user.
+/// never mapped: as root, the zygote's root is the unprivileged `root_mapped_id` and the
+/// sandboxes' root the id after it; as an ordinary user, both are that user.
 pub(super) fn write_zygote_maps(pid: u32, root_mapped_id: u32) -> Result<String, IdentityError> {
     let write = |file: &str, content: &str| {
         let path = format!("/proc/{pid}/{file}");
@@ -38,10 +50,16 @@ pub(super) fn write_zygote_maps(pid: u32, root_mapped_id: u32) -> Result<String,
         if root_mapped_id == 0 {
             return Err(IdentityError::HostRootMapped);
         }
-        write("uid_map", &format!("0 {root_mapped_id} 1"))?;
-        write("gid_map", &format!("0 {root_mapped_id} 1"))?;
+        // uid 4294967295 is (uid_t)-1, which no map may name.
+        let sandboxes = root_mapped_id
+            .checked_add(1)
+            .filter(|&id| id != u32::MAX)
+            .ok_or(IdentityError::NoSandboxId(root_mapped_id))?;
+        let map = format!("0 {root_mapped_id} 1\n1 {sandboxes} 1\n");
+        write("uid_map", &map)?;
+        write("gid_map", &map)?;
         Ok(format!(
-            "host root: sandbox root is host uid/gid {root_mapped_id}"
+            "host root: sandbox root is host uid/gid {sandboxes} (the zygote {root_mapped_id})"
         ))
     } else {
         let (uid, gid) = (
@@ -91,14 +109,20 @@ pub(super) fn enter_user_namespace(control: &OwnedFd) -> Result<(), SetupError> 
 }
 
 /// Zygote side, for each sandbox it cloned (`pid`, reached over `sock`): writes its maps and
-/// lets it go on. Its root is the zygote's root, itself an unprivileged host id; a user
-/// namespace per sandbox makes RLIMIT_NPROC count its processes alone.
-pub(super) fn write_sandbox_maps(pid: Pid, sock: &OwnedFd) -> Result<(), SetupError> {
+/// lets it go on. Its root is `sandbox_id` of the zygote's namespace ([`sandbox_id`]), an
+/// unprivileged host id; a user namespace per sandbox makes RLIMIT_NPROC count its processes
+/// alone.
+pub(super) fn write_sandbox_maps(
+    pid: Pid,
+    sock: &OwnedFd,
+    sandbox_id: u32,
+) -> Result<(), SetupError> {
+    let map = format!("0 {sandbox_id} 1");
     // setgroups before gid_map: the kernel takes `deny` only while no gid map is written.
     let maps = [
         ("setgroups", "deny"),
-        ("uid_map", "0 0 1"),
-        ("gid_map", "0 0 1"),
+        ("uid_map", map.as_str()),
+        ("gid_map", map.as_str()),
     ];
     for (file, content) in maps {
         let path = format!("/proc/{pid}/{file}");
@@ -106,6 +130,19 @@ pub(super) fn write_sandbox_maps(pid: Pid, sock: &OwnedFd) -> Result<(), SetupEr
     }
     wire::send(sock.as_fd(), &ToInit::MapsWritten, &[])
         .map_err(|e| SetupError::errno("signal sandbox", e))
+}
+
+/// Init side, once the maps are written: becomes the namespace's root. The init starts with
+/// the zygote's ids, which are not mapped in its namespace when the sandboxes have an id of
+/// their own; when they are (rootless), nothing changes.
+pub(super) fn become_sandbox_root() -> Result<(), SetupError> {
+    nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
+        .map_err(|e| SetupError::errno("setresgid 0 in the sandbox", e))?;
+    nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
+        .map_err(|e| SetupError::errno("setresuid 0 in the sandbox", e))?;
+    // A change of ids clears the dumpable flag, which would leave the zygote unable to read
+    // the sandbox's `/proc` entries as it did before.
+    nix::sys::prctl::set_dumpable(true).map_err(|e| SetupError::errno("set dumpable", e))
 }
 
 /// Init side: waits until the zygote has written the maps.

@@ -100,6 +100,7 @@ fn serve(one: &SingleThreaded, sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Sid
     // The uid/gid maps of our user namespace are written by the zygote; until then we have
     // no identity inside it.
     identity::await_sandbox_maps(sock)?;
+    identity::become_sandbox_root()?;
     nix::unistd::sethostname("forkbox").map_err(|e| SetupError::errno("sethostname", e))?;
     let plan = RootPlan {
         source: &cfg.root,

@@ -52,6 +52,8 @@ pub struct ZygoteConfig {
     /// Warm the Python runtime before the first sandbox.
     #[serde(default)]
     pub python: Option<super::runtime::python::WarmRequest>,
+    /// The id, in the zygote's user namespace, of every sandbox's root (`identity::sandbox_id`).
+    pub sandbox_id: u32,
 }
 
 /// Engine → zygote.

@@ -122,17 +122,17 @@ struct Poll {
 }
 
 impl Poll {
-    fn watch(&mut self, fd: BorrowedFd<'_>, source: Source) {
+    /// Fails when the kernel refuses the watch: ENOSPC once the host user's
+    /// `fs.epoll.max_user_watches` are taken, which every sandbox of the node shares. A source
+    /// that is not watched is never heard from, so every caller fails closed.
+    fn watch(&mut self, fd: BorrowedFd<'_>, source: Source) -> nix::Result<()> {
         let token = self.next_token;
         self.next_token += 1;
         // Epoll keeps the number, not a reference: every source is unwatched before its close.
-        if self
-            .epoll
-            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, token))
-            .is_ok()
-        {
-            self.tokens.insert(token, source);
-        }
+        self.epoll
+            .add(fd, EpollEvent::new(EpollFlags::EPOLLIN, token))?;
+        self.tokens.insert(token, source);
+        Ok(())
     }
 
     fn unwatch(&mut self, fd: BorrowedFd<'_>, source: Source) {
@@ -177,6 +177,15 @@ struct Sandbox {
     setup_error: Option<SetupError>,
     /// Host pid of the launcher (learned from its ready message's credentials).
     launcher: Option<i32>,
+}
+
+impl Sandbox {
+    /// Kills a running sandbox that cannot be watched to its end; its outcome says why.
+    fn fail_closed(&mut self, error: SetupError) {
+        let _ = sys::pidfd_kill(&self.pidfd);
+        self.exit.killed = true;
+        self.exit.error = Some(error);
+    }
 }
 
 struct Request {
@@ -237,7 +246,11 @@ impl Zygote {
             net,
             broken: None,
         };
-        z.poll.watch(z.control.as_fd(), Source::Control);
+        if let Err(e) = z.poll.watch(z.control.as_fd(), Source::Control) {
+            // Unwatched, the engine's channel would never be read, nor its close seen.
+            eprintln!("forkbox zygote: epoll: watch the engine's channel: {e}");
+            sys::exit_now(1)
+        }
         z
     }
 
@@ -394,7 +407,13 @@ impl Zygote {
         sb.req = req;
         sb.timeout_ms = timeout_ms;
         sb.exit.req = req;
-        self.poll.watch(notify_r.as_fd(), Source::ExecNotify(pid));
+        if let Err(e) = self.poll.watch(notify_r.as_fd(), Source::ExecNotify(pid)) {
+            // The exec notice arms the watchdog: unheard, the program would have no deadline.
+            sb.fail_closed(SetupError::errno(
+                "watch the program's start (epoll_ctl)",
+                e,
+            ));
+        }
         sb.exec_notify = Some(notify_r);
         self.by_req.insert(req, pid);
     }
@@ -577,13 +596,20 @@ impl Zygote {
             Ok(Forked::Parent { pid, pidfd }) => (pid, pidfd.expect("clone3 returns a pidfd")),
         };
         drop(theirs);
-        if let Err(e) = identity::write_sandbox_maps(pid, &ours) {
+        if let Err(e) = identity::write_sandbox_maps(pid, &ours, self.cfg.sandbox_id) {
             self.abandon(pid, &pidfd);
             return Err(e);
         }
         let raw = pid.as_raw();
-        self.poll.watch(ours.as_fd(), Source::InitSocket(raw));
-        self.poll.watch(pidfd.as_fd(), Source::Exit(raw));
+        let watched = self
+            .poll
+            .watch(ours.as_fd(), Source::InitSocket(raw))
+            .and_then(|()| self.poll.watch(pidfd.as_fd(), Source::Exit(raw)));
+        if let Err(e) = watched {
+            self.poll.unwatch(ours.as_fd(), Source::InitSocket(raw));
+            self.abandon(pid, &pidfd);
+            return Err(SetupError::errno("watch the sandbox (epoll_ctl)", e));
+        }
         let id = self.next_id;
         self.next_id += 1;
         self.sandboxes.insert(
@@ -675,18 +701,17 @@ impl Zygote {
             }
         };
         sb.exit.exec_ns = Some(exec_ns);
+        // Fail closed: a program without a deadline is killed at once, and its outcome says
+        // why.
         match Deadline::arm(exec_ns, timeout_ms) {
-            Ok(deadline) => {
-                self.poll.watch(deadline.as_fd(), Source::Deadline(pid));
-                sb.deadline = Some(deadline);
-            }
-            Err(e) => {
-                // Fail closed: a program without a deadline is killed at once, and its
-                // outcome says why.
-                let _ = sys::pidfd_kill(&sb.pidfd);
-                sb.exit.killed = true;
-                sb.exit.error = Some(e);
-            }
+            Ok(deadline) => match self.poll.watch(deadline.as_fd(), Source::Deadline(pid)) {
+                Ok(()) => sb.deadline = Some(deadline),
+                Err(e) => sb.fail_closed(SetupError::errno(
+                    "watch the watchdog's deadline (epoll_ctl)",
+                    e,
+                )),
+            },
+            Err(e) => sb.fail_closed(e),
         }
     }
 
