@@ -264,6 +264,76 @@ fn host_root_is_never_mapped_into_the_sandbox() {
     }
 }
 
+/// The init's parent-death signal kills a sandbox whose zygote dies without killing it (a
+/// crash, an OOM kill), so its program never runs on without the zygote's watchdog. As host
+/// root the init changes its ids, which clears that signal: it must be set again after.
+#[test]
+fn a_running_sandbox_dies_with_its_zygote() {
+    let ppid = |pid: i32| -> Option<i32> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let alive = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| !r.trim_start().starts_with('Z'))
+        })
+    };
+    for who in identities() {
+        let marker = format!("97{}{}", std::process::id(), who as u8);
+        let child = command(who)
+            .args([
+                "run",
+                "--json",
+                "--timeout-ms",
+                "60000",
+                "--",
+                "sleep",
+                &marker,
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pids = Vec::new();
+        assert!(wait_until(Duration::from_secs(20), || {
+            pids = host_pids_matching(&format!("sleep {marker}"));
+            !pids.is_empty()
+        }));
+        let program = pids[0];
+        // The program's parent is the sandbox's init, whose parent is the zygote.
+        let zygote = ppid(program)
+            .and_then(ppid)
+            .expect("the sandbox's ancestry");
+        let cmdline = std::fs::read(format!("/proc/{zygote}/cmdline")).unwrap();
+        assert!(
+            String::from_utf8_lossy(&cmdline).contains("__zygote"),
+            "{who:?}: {zygote} is not the zygote"
+        );
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(zygote),
+            nix::sys::signal::SIGKILL,
+        )
+        .unwrap();
+        let gone = wait_until(Duration::from_secs(20), || !alive(program));
+        if !gone {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(program),
+                nix::sys::signal::SIGKILL,
+            );
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(gone, "{who:?}: the program outlived its zygote");
+        assert!(
+            !out.status.success(),
+            "{who:?}: the run says the job ran to its end"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1b. What a job can reach through the node: collected files, submounts, the caller's terminal
 

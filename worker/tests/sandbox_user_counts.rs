@@ -109,10 +109,10 @@ fn descriptors_a_job_keeps_in_flight_never_stop_the_next_sandbox() {
     }
 }
 
-/// Adds epoll watches in processes of `argv[1]` epoll instances over `argv[2]` duplicates of
-/// one pipe each, until the kernel refuses one (ENOSPC: the host user's
-/// `fs.epoll.max_user_watches` are taken); then prints how many it added, renames itself so
-/// the host sees it is done, and holds them.
+/// Adds epoll watches in `argv[1]` processes of `argv[2]` epoll instances over `argv[2]`
+/// duplicates of one pipe each, until the kernel refuses one (ENOSPC: the host user's
+/// `fs.epoll.max_user_watches` are taken); then prints how many it added, renames itself to
+/// `argv[3]` so the host sees it is done, and holds them.
 const WATCHER: &str = r#"
 #include <errno.h>
 #include <stdio.h>
@@ -136,7 +136,7 @@ int main(int argc, char **argv) {
                 if (epoll_ctl(ep[i], EPOLL_CTL_ADD, fd[j], &ev) != 0) {
                     printf("%s after %ld\n", strerror(errno), added);
                     fflush(stdout);
-                    prctl(PR_SET_NAME, "fbx-watches", 0, 0, 0);
+                    prctl(PR_SET_NAME, argv[3], 0, 0, 0);
                     pause();
                 }
                 added++;
@@ -168,8 +168,13 @@ fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() 
         ));
         return;
     }
+    // Names of this run's own, so that no other run's processes are taken for them.
+    let (running, full) = (
+        format!("fbxw{}", std::process::id()),
+        format!("fbxf{}", std::process::id()),
+    );
     let dir = tempfile::tempdir().unwrap();
-    let (src, bin) = (dir.path().join("w.c"), dir.path().join("fbx-watcher"));
+    let (src, bin) = (dir.path().join("w.c"), dir.path().join(&running));
     std::fs::write(&src, WATCHER).unwrap();
     let built = Command::new("gcc")
         .arg("-O2")
@@ -182,11 +187,11 @@ fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() 
     // 2040 instances over 2040 descriptors: 4.16 million watches per process.
     let per_process = 2040u64 * 2040;
     let procs = (max / per_process + 2).to_string();
-    let file = format!("fbx-watcher={}", bin.display());
+    let file = format!("{running}={}", bin.display());
     let holder = forkbox_run("root", &["--open-files", "4096", "--pids", "16"])
         .args(["--timeout-ms", "120000", "--file", &file, "--", "sh", "-c"])
         .arg(format!(
-            "chmod +x fbx-watcher && exec ./fbx-watcher {procs} 2040"
+            "chmod +x {running} && exec ./{running} {procs} 2040 {full}"
         ))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -195,7 +200,7 @@ fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() 
     let watcher = || {
         std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
             let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            (comm.trim() == "fbx-watches").then(|| e.file_name().to_string_lossy().into_owned())
+            (comm.trim() == full).then(|| e.file_name().to_string_lossy().into_owned())
         })
     };
     assert!(
@@ -211,7 +216,7 @@ fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() 
         second.try_wait().unwrap().is_some()
     });
     // Ends the holder's processes, which ends its job.
-    for name in ["fbx-watches", "fbx-watcher"] {
+    for name in [&full, &running] {
         let _ = Command::new("pkill").args(["-KILL", "-x", name]).status();
     }
     if !finished {

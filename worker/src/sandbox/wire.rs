@@ -435,6 +435,16 @@ pub fn has_message(sock: BorrowedFd<'_>) -> bool {
     matches!(nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO), Ok(n) if n > 0)
 }
 
+/// Whether the peer of `sock` has closed its end (the kernel closes it when the peer exits),
+/// without blocking or reading.
+pub fn peer_gone(sock: BorrowedFd<'_>) -> bool {
+    let mut fds = [nix::poll::PollFd::new(sock, nix::poll::PollFlags::empty())];
+    nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO).is_ok()
+        && fds[0]
+            .revents()
+            .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLHUP))
+}
+
 /// Receives one message; `Ok(None)` when the peer has closed.
 pub fn recv<T: DeserializeOwned>(sock: BorrowedFd<'_>) -> Result<Option<Received<T>>, Errno> {
     // Sized to the datagram: a fixed 64 KiB buffer would be zeroed on every call, and in a
@@ -514,6 +524,18 @@ pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_closed_peer_is_seen_without_reading() {
+        use std::os::fd::AsFd;
+        let (a, b) = seqpacket_pair().unwrap();
+        assert!(!peer_gone(a.as_fd()));
+        send(b.as_fd(), &ToInit::MapsWritten, &[]).unwrap();
+        // A message waiting is not a close.
+        assert!(!peer_gone(a.as_fd()));
+        drop(b);
+        assert!(peer_gone(a.as_fd()));
+    }
 
     #[test]
     fn exec_notes_round_trip() {
