@@ -214,29 +214,38 @@ fn proc_network_and_host_paths_are_private() {
     }
 }
 
+/// Starts `forkbox run --json --timeout-ms TIMEOUT -- sleep <marker>` as `who`, the marker made
+/// of `tag`, this process and `who`; returns the run and its program's host pid, once seen.
+fn sleeping_job(who: Identity, tag: &str, timeout_ms: &str) -> (std::process::Child, i32) {
+    let marker = format!("{tag}{}{}", std::process::id(), who as u8);
+    let child = command(who)
+        .args([
+            "run",
+            "--json",
+            "--timeout-ms",
+            timeout_ms,
+            "--",
+            "sleep",
+            &marker,
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut pids = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            pids = host_pids_matching(&format!("sleep {marker}"));
+            !pids.is_empty()
+        }),
+        "{who:?}: the job's program never appeared"
+    );
+    (child, pids[0])
+}
+
 #[test]
 fn host_root_is_never_mapped_into_the_sandbox() {
     for who in identities() {
-        let marker = format!("98{}{}", std::process::id(), who as u8);
-        let mut child = command(who)
-            .args([
-                "run",
-                "--json",
-                "--timeout-ms",
-                "20000",
-                "--",
-                "sleep",
-                &marker,
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut pids = Vec::new();
-        assert!(wait_until(Duration::from_secs(10), || {
-            pids = host_pids_matching(&format!("sleep {marker}"));
-            !pids.is_empty()
-        }));
-        let pid = pids[0];
+        let (mut child, pid) = sleeping_job(who, "98", "20000");
         let uid_map = std::fs::read_to_string(format!("/proc/{pid}/uid_map")).unwrap();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         let uids: Vec<u32> = status
@@ -284,26 +293,7 @@ fn a_running_sandbox_dies_with_its_zygote() {
         })
     };
     for who in identities() {
-        let marker = format!("97{}{}", std::process::id(), who as u8);
-        let child = command(who)
-            .args([
-                "run",
-                "--json",
-                "--timeout-ms",
-                "60000",
-                "--",
-                "sleep",
-                &marker,
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut pids = Vec::new();
-        assert!(wait_until(Duration::from_secs(20), || {
-            pids = host_pids_matching(&format!("sleep {marker}"));
-            !pids.is_empty()
-        }));
-        let program = pids[0];
+        let (child, program) = sleeping_job(who, "97", "60000");
         // The program's parent is the sandbox's init, whose parent is the zygote.
         let zygote = ppid(program)
             .and_then(ppid)
