@@ -55,7 +55,7 @@ pub(super) fn write_zygote_maps(pid: u32, root_mapped_id: u32) -> Result<String,
             .checked_add(1)
             .filter(|&id| id != u32::MAX)
             .ok_or(IdentityError::NoSandboxId(root_mapped_id))?;
-        let map = format!("0 {root_mapped_id} 1\n1 {sandboxes} 1\n");
+        let map = format!("0 {root_mapped_id} 1\n{} {sandboxes} 1\n", sandbox_id());
         write("uid_map", &map)?;
         write("gid_map", &map)?;
         Ok(format!(
@@ -134,14 +134,17 @@ pub(super) fn write_sandbox_maps(
 
 /// Init side, once the maps are written: becomes the namespace's root. The init starts with
 /// the zygote's ids, which are not mapped in its namespace when the sandboxes have an id of
-/// their own; when they are (rootless), nothing changes.
+/// their own; when they are (rootless), nothing changes. A change of ids clears the
+/// parent-death signal and the dumpable flag: both are set again here.
 pub(super) fn become_sandbox_root() -> Result<(), SetupError> {
     nix::unistd::setresgid(Gid::from_raw(0), Gid::from_raw(0), Gid::from_raw(0))
         .map_err(|e| SetupError::errno("setresgid 0 in the sandbox", e))?;
     nix::unistd::setresuid(Uid::from_raw(0), Uid::from_raw(0), Uid::from_raw(0))
         .map_err(|e| SetupError::errno("setresuid 0 in the sandbox", e))?;
-    // A change of ids clears the dumpable flag, which would leave the zygote unable to read
-    // the sandbox's `/proc` entries as it did before.
+    // The zygote is our parent: if it dies, so do we (and with us the whole sandbox).
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+        .map_err(|e| SetupError::errno("set pdeathsig", e))?;
+    // Without the dumpable flag the zygote could not read the sandbox's `/proc` entries.
     nix::sys::prctl::set_dumpable(true).map_err(|e| SetupError::errno("set dumpable", e))
 }
 

@@ -101,10 +101,8 @@ fn serve(one: &SingleThreaded, sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Sid
     // no identity inside it.
     identity::await_sandbox_maps(sock)?;
     identity::become_sandbox_root()?;
-    // A change of ids clears the parent-death signal: set it again, then make sure the zygote
-    // did not die before it was (its end of our socket closes when it exits).
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
-        .map_err(|e| SetupError::errno("set pdeathsig", e))?;
+    // The parent-death signal was set again there: make sure the zygote did not die before
+    // it was (its end of our socket closes when it exits).
     if wire::peer_gone(sock.as_fd()) {
         return Err(SetupError::new(
             "the zygote exited while the sandbox was set up",

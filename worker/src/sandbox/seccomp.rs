@@ -163,9 +163,6 @@ pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
     None
 }
 
-/// The calls with argument rules: every call of theirs runs the filter.
-pub const ARGUMENT_CALLS: &[&str] = &["clone", "socket", "socketpair", "fcntl"];
-
 /// Every call denied with EPERM, with its native number: [`DENIED`] through libseccomp's
 /// tables, then [`DENIED_BY_NUMBER`].
 pub fn denied_numbers() -> Result<Vec<(&'static str, i32)>, SeccompError> {
@@ -288,6 +285,9 @@ mod tests {
     use super::*;
 
     const X86_64: u32 = 0xc000_003e;
+
+    /// The calls with argument rules: every call of theirs runs the filter.
+    const ARGUMENT_CALLS: &[&str] = &["clone", "socket", "socketpair", "fcntl"];
     const ALLOW: u32 = 0x7fff_0000;
 
     fn errno(e: i32) -> u32 {
