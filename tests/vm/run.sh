@@ -49,7 +49,7 @@ KERNEL=${FORKBOX_VM_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n
 # --- the test binaries, built on the host ----------------------------------------------------
 echo "vm: building the test binaries"
 artifacts=$("$CARGO" test -p forkbox --no-run --lib --test cgroup_limits --test runtimes \
-  --test sandbox --message-format=json 2>/dev/null) || fail "cargo test --no-run failed"
+  --test sandbox --test sandbox_kernel_state --message-format=json 2>/dev/null) || fail "cargo test --no-run failed"
 exe() {
   python3 -c '
 import json, sys
@@ -65,7 +65,8 @@ LIB=$(exe forkbox)
 CGROUP=$(exe cgroup_limits)
 RUNTIMES=$(exe runtimes)
 SANDBOX=$(exe sandbox)
-for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX"; do
+KERNEL_STATE=$(exe sandbox_kernel_state)
+for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE"; do
   [ -x "$b" ] || fail "test binary not found ($b)"
 done
 
@@ -78,6 +79,8 @@ mkdir -p "$OUT"
   # The unprivileged rows take the rlimit fallback, which the host's own run covers.
   printf '%s\t%s\t%s\n' runtimes "$RUNTIMES" "as_root memory_hogs"
   printf '%s\t%s\t%s\n' sandbox-limits "$SANDBOX" "check_reports_capabilities_and_mechanisms"
+  # Root with every capability (CAP_SYS_RESOURCE, which this host's root may lack).
+  printf '%s\t%s\t%s\n' oom-rank "$KERNEL_STATE" "jobs_are_the_oom_killers_first_choice"
 } >"$OUT/plan"
 
 # --- one boot --------------------------------------------------------------------------------
@@ -105,6 +108,11 @@ while IFS=$'\t' read -r name _ _; do
     failed="$failed $name"
     echo "--- vm: $name exited $code; its log: ---"
     tail -n 80 "$OUT/$name.log"
+    # Last, so that a shortened copy of this output still shows them: each panic's message,
+    # from its "panicked at" line to its backtrace.
+    echo "--- vm: $name: what failed ---"
+    awk '/panicked at/ {p = 1} /^stack backtrace:|^note: / {p = 0} p' "$OUT/$name.log" |
+      cut -c1-600 | head -n 60
   fi
 done <"$OUT/plan"
 [ -z "$failed" ] || fail "failing in the guest:$failed"

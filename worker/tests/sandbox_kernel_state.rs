@@ -608,3 +608,49 @@ fn autogroup_and_priority_writes_reach_only_the_jobs_own_processes() {
         }
     }
 }
+
+/// A node run at `oom_score_adj` -1000 (systemd's `OOMScoreAdjust=-1000`) passes none of it to
+/// its jobs: a job runs at 1000, the host OOM killer's first choice. Under a node that holds
+/// `CAP_SYS_RESOURCE` (host root with every capability) a job cannot go back below 0, so it can
+/// never make itself unkillable; a rootless node's jobs can go back only as far as the node's
+/// own value. Putting the node at -1000 takes that capability too; where this test lacks it
+/// (a container's root), the node runs at the test's own value, and the VM tier's guest, which
+/// has it, must run the whole case.
+#[test]
+fn jobs_are_the_oom_killers_first_choice_even_under_a_node_at_minus_1000() {
+    let job = "cat /proc/self/oom_score_adj; \
+               if echo -1000 > /proc/self/oom_score_adj 2>/dev/null; \
+               then echo lowered; else echo refused; fi; cat /proc/self/oom_score_adj";
+    let at_minus_1000 = r#"echo -1000 > /proc/self/oom_score_adj 2>/dev/null || exit 3; exec "$@""#;
+    for who in identities() {
+        let mut argv = forkbox_argv(who);
+        argv.extend(["run", "--json", "-c", job].map(String::from));
+        let wrapped = |script: &str| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(script)
+                .arg("sh")
+                .args(&argv)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap()
+        };
+        let mut out = wrapped(at_minus_1000);
+        let node_at_minus_1000 = out.status.code() != Some(3);
+        if !node_at_minus_1000 {
+            assert!(
+                std::env::var_os("FORKBOX_VM_GUEST").is_none(),
+                "the VM guest's root could not set oom_score_adj -1000"
+            );
+            out = wrapped(r#"exec "$@""#);
+        }
+        let outcome = parse(who, &out);
+        assert_eq!(outcome["status"], "ok", "{who:?}: {outcome}");
+        let lines: Vec<&str> = outcome["stdout"].as_str().unwrap().lines().collect();
+        assert_eq!(lines.first(), Some(&"1000"), "{who:?}: {outcome}");
+        if who == Identity::Root {
+            assert_eq!(lines[1..], ["refused", "1000"], "{who:?}: {outcome}");
+        }
+        println!("{who:?}, node at -1000: {node_at_minus_1000}; the job read {lines:?}");
+    }
+}

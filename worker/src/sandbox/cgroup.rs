@@ -207,6 +207,11 @@ pub struct JobCgroup {
 pub struct Accounting {
     pub memory_peak_kb: Option<u64>,
     pub oom_killed: bool,
+    /// The job's memory reached `memory.max` with nothing left to reclaim (memory.events
+    /// `oom`): an allocation was about to fail. The OOM killer usually follows
+    /// (`oom_killed`); where it did not, the allocation failed instead (a system call's
+    /// `ENOMEM`, which a runtime reports as its own out-of-memory error).
+    pub out_of_memory: bool,
     /// CPU time of every process the job ran (cpu.stat `usage_usec`).
     pub cpu_us: Option<u64>,
 }
@@ -245,10 +250,12 @@ impl JobCgroup {
             .and_then(|s| s.trim().parse::<u64>().ok());
         let events = fs::read_to_string(self.dir.join("memory.events")).unwrap_or_default();
         let oom_killed = stat_field(&events, "oom_kill").unwrap_or(0) > 0;
+        let out_of_memory = oom_killed || stat_field(&events, "oom").unwrap_or(0) > 0;
         self.remove()?;
         Ok(Accounting {
             memory_peak_kb: peak.map(|b| b / 1024),
             oom_killed,
+            out_of_memory,
             cpu_us,
         })
     }
@@ -421,6 +428,7 @@ mod tests {
             Accounting {
                 memory_peak_kb: Some(262144),
                 oom_killed: true,
+                out_of_memory: true,
                 cpu_us: Some(2_501_000),
             }
         );
@@ -434,8 +442,31 @@ mod tests {
         let job = tree
             .create_job("job-1", &EffectiveLimits::default())
             .unwrap();
-        fs::write(job.path().join("memory.events"), "oom 0\noom_kill 0\n").unwrap();
-        assert!(!job.finish().unwrap().oom_killed);
+        fs::write(
+            job.path().join("memory.events"),
+            "max 40\noom 0\noom_kill 0\n",
+        )
+        .unwrap();
+        let acct = job.finish().unwrap();
+        assert!(!acct.oom_killed && !acct.out_of_memory, "{acct:?}");
+    }
+
+    /// The limit reached with no kill: the allocation failed in the job instead, which the
+    /// outcome may count as the memory limit (the program's own ending decides).
+    #[test]
+    fn a_failed_allocation_at_the_limit_is_seen_without_a_kill() {
+        let f = fake("cpu memory pids");
+        let tree = Tree::prepare(&f.node, 1).unwrap();
+        let job = tree
+            .create_job("job-1", &EffectiveLimits::default())
+            .unwrap();
+        fs::write(
+            job.path().join("memory.events"),
+            "max 9\noom 2\noom_kill 0\n",
+        )
+        .unwrap();
+        let acct = job.finish().unwrap();
+        assert!(!acct.oom_killed && acct.out_of_memory, "{acct:?}");
     }
 
     /// The real host check: prints why it is skipped where nothing is delegated.

@@ -6,7 +6,7 @@
 //! process of the sandbox, reports the program's exit and the collected files, and exits, which
 //! makes the kernel kill anything still alive in the pid namespace.
 //!
-//! Its steps, in order: [`serve`] builds the sandbox (session, priority, parent-death signal,
+//! Its steps, in order: [`serve`] builds the sandbox (session, priority, OOM rank, parent-death signal,
 //! descriptors, the id maps, hostname, root, ipc limits, the working directory) and forks the
 //! launcher; [`supervise`] takes the report pipe, adjusts the sandbox to the job, reaps, and
 //! reports.
@@ -28,6 +28,7 @@ use super::held;
 use super::identity;
 use super::ipc;
 use super::launcher;
+use super::limits;
 use super::rootfs::{self, RootPlan};
 use super::sys::{self, Forked, SingleThreaded};
 use super::wire::{self, ExecNote, FromInit, Handoff, Report, Resized, SetupError, ZygoteConfig};
@@ -91,6 +92,8 @@ fn serve(one: &SingleThreaded, sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Sid
     nix::unistd::setsid().map_err(|e| SetupError::errno("setsid", e))?;
     // The zygote may run at a raised priority; the sandbox must not inherit it.
     sys::set_nice(0).map_err(|e| SetupError::errno("reset priority", e))?;
+    // When the host runs out of memory, the sandbox goes first.
+    limits::rank_first_for_oom().map_err(|e| SetupError::io("raise oom_score_adj", &e))?;
     // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).
     nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)
         .map_err(|e| SetupError::errno("set pdeathsig", e))?;

@@ -7,7 +7,13 @@
 //! `RLIMIT_DATA`, which counts writable private mappings (heap, anonymous memory) but not
 //! reservations without access: runtimes start, and a program that keeps allocating gets
 //! `ENOMEM`. The kernel reports nothing about such a failure, so whether it ended the program
-//! is decided from what can be observed ([`out_of_memory_evident`]).
+//! is decided from what can be observed ([`out_of_memory_evident`]). (A cgroup does report
+//! it: memory.events `oom` counts allocations that reached `memory.max` with nothing left to
+//! reclaim, killed or failed.)
+//!
+//! Whatever the limits, a sandbox's processes are the kernel OOM killer's first choice on the
+//! host ([`rank_first_for_oom`]), and a job cannot make itself unkillable when the node can
+//! prevent it ([`floor_oom_score`]).
 
 use forkbox_queue::schema::EffectiveLimits;
 use nix::sys::resource::{rlim_t, setrlimit, Resource};
@@ -31,6 +37,31 @@ pub enum MemoryEnforcement {
     /// `RLIMIT_DATA` per process.
     #[default]
     DataRlimit,
+}
+
+/// A sandbox's `oom_score_adj` (-1000 to 1000): the highest, so that when the host runs out of
+/// memory the OOM killer takes a job before the node, Redis or anything else, whatever
+/// `oom_score_adj` the node itself runs at (an `OOMScoreAdjust=-1000` would otherwise pass to
+/// every job and make it unkillable).
+pub const SANDBOX_OOM_SCORE_ADJ: i32 = 1000;
+
+/// Raises this process (the sandbox's init, before anything of the job runs) to
+/// [`SANDBOX_OOM_SCORE_ADJ`]; every process of the sandbox inherits it. Raising needs no
+/// privilege.
+pub fn rank_first_for_oom() -> std::io::Result<()> {
+    std::fs::write(
+        "/proc/self/oom_score_adj",
+        SANDBOX_OOM_SCORE_ADJ.to_string(),
+    )
+}
+
+/// Sets the zygote `pid` to `oom_score_adj` 0. A job may lower its own value, but only down to
+/// the last one set with `CAP_SYS_RESOURCE` above it: written by a node that holds the
+/// capability (host root), 0 becomes that floor for every sandbox, so no job can make itself
+/// unkillable even under a node at -1000. Without the capability the write only lifts a
+/// negative value, and the floor stays what the node inherited (docs/security.md).
+pub fn floor_oom_score(pid: u32) -> std::io::Result<()> {
+    std::fs::write(format!("/proc/{pid}/oom_score_adj"), "0")
 }
 
 /// One resource limit the program is exec'd under.

@@ -179,14 +179,18 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
             };
         }
         let failed = matches!(outcome.status, Status::Failed | Status::Signaled);
-        if terms.memory == MemoryEnforcement::DataRlimit
-            && limits::out_of_memory_evident(
+        let out_of_memory = match terms.memory {
+            // The kernel's word: the job reached memory.max with nothing to reclaim and was
+            // not killed, so an allocation failed in it, and then the program failed.
+            MemoryEnforcement::Cgroup => failed && accounting.is_some_and(|a| a.out_of_memory),
+            MemoryEnforcement::DataRlimit => limits::out_of_memory_evident(
                 failed,
                 &stderr.bytes,
                 outcome.max_rss_kb,
                 terms.memory_mb,
-            )
-        {
+            ),
+        };
+        if out_of_memory {
             outcome.status = Status::MemoryLimit;
         }
         outcome.files = r.files;
@@ -538,6 +542,7 @@ mod tests {
             memory_peak_kb: Some(2_000),
             cpu_us: Some(40_000),
             oom_killed: false,
+            out_of_memory: false,
         });
         let o = fold(
             Observed {
@@ -582,7 +587,7 @@ mod tests {
     }
 
     #[test]
-    fn an_evident_out_of_memory_under_the_rlimit_is_memory_limit() {
+    fn out_of_memory_without_a_kill_is_memory_limit_on_evidence() {
         let seen = |signal, peak_kb| Observed {
             report: Some(Report {
                 max_rss_kb: peak_kb,
@@ -608,6 +613,33 @@ mod tests {
             Status::Failed
         );
         assert_eq!(fold(seen(None, 60_000), terms()).status, Status::Failed);
+        // Under a cgroup, an allocation that failed at memory.max (no kill) and then the
+        // program's failure: the memory limit, whatever it printed; a program that survived
+        // it is its own.
+        let at_the_limit = |code, signal| Observed {
+            accounting: Some(Accounting {
+                out_of_memory: true,
+                ..Accounting::default()
+            }),
+            report: Some(report(code, signal)),
+            ..Observed::default()
+        };
+        for (code, signal, status) in [
+            (Some(1), None, Status::MemoryLimit),
+            (None, Some(libc::SIGABRT), Status::MemoryLimit),
+            (Some(0), None, Status::Ok),
+        ] {
+            let o = fold(at_the_limit(code, signal), terms());
+            assert_eq!(o.status, status, "{code:?} {signal:?}");
+            assert_eq!(
+                (o.exit_code, o.signal),
+                (code.unwrap_or(0) + signal.map_or(0, |s| 128 + s), signal)
+            );
+        }
+        assert_eq!(
+            fold(at_the_limit(Some(1), None), rlimit.clone()).status,
+            Status::Failed
+        );
         // Collected files and the collect error come from the report.
         let mut r = report(Some(0), None);
         r.files_truncated = vec!["big".into()];
