@@ -435,38 +435,30 @@ mod tests {
         assert!(!dir.exists());
     }
 
+    /// What memory.events says of the job: no OOM at all (the limit only reached and
+    /// reclaimed), an OOM kill, or the limit reached with no kill, where the allocation failed
+    /// in the job instead (which the outcome counts as the memory limit if the program then
+    /// failed).
     #[test]
-    fn no_oom_kill_means_no_memory_limit() {
+    fn memory_events_tell_a_kill_from_a_refused_allocation() {
         let f = fake("cpu memory pids");
         let tree = Tree::prepare(&f.node, 1).unwrap();
-        let job = tree
-            .create_job("job-1", &EffectiveLimits::default())
-            .unwrap();
-        fs::write(
-            job.path().join("memory.events"),
-            "max 40\noom 0\noom_kill 0\n",
-        )
-        .unwrap();
-        let acct = job.finish().unwrap();
-        assert!(!acct.oom_killed && !acct.out_of_memory, "{acct:?}");
-    }
-
-    /// The limit reached with no kill: the allocation failed in the job instead, which the
-    /// outcome may count as the memory limit (the program's own ending decides).
-    #[test]
-    fn a_failed_allocation_at_the_limit_is_seen_without_a_kill() {
-        let f = fake("cpu memory pids");
-        let tree = Tree::prepare(&f.node, 1).unwrap();
-        let job = tree
-            .create_job("job-1", &EffectiveLimits::default())
-            .unwrap();
-        fs::write(
-            job.path().join("memory.events"),
-            "max 9\noom 2\noom_kill 0\n",
-        )
-        .unwrap();
-        let acct = job.finish().unwrap();
-        assert!(!acct.oom_killed && acct.out_of_memory, "{acct:?}");
+        for (events, killed, out_of_memory) in [
+            ("max 40\noom 0\noom_kill 0\n", false, false),
+            ("max 9\noom 1\noom_kill 1\n", true, true),
+            ("max 9\noom 2\noom_kill 0\n", false, true),
+        ] {
+            let job = tree
+                .create_job("job-1", &EffectiveLimits::default())
+                .unwrap();
+            fs::write(job.path().join("memory.events"), events).unwrap();
+            let acct = job.finish().unwrap();
+            assert_eq!(
+                (acct.oom_killed, acct.out_of_memory),
+                (killed, out_of_memory),
+                "{events:?}"
+            );
+        }
     }
 
     /// The real host check: prints why it is skipped where nothing is delegated.
