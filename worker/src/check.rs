@@ -177,7 +177,8 @@ pub fn limit_mechanisms(delegation: &Delegation) -> Vec<(&'static str, String)> 
             if cg {
                 format!(
                     "memory.max + memory.swap.max=0 + memory.oom.group=1, resident memory of \
-                     the whole job, OOM kills and allocations refused at the limit reported ({why})"
+                     the whole job, OOM kills at the job's limit told from kills for memory \
+                     outside it ({why})"
                 )
             } else {
                 format!(

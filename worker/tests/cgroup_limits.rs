@@ -526,6 +526,49 @@ fn a_node_in_a_delegated_non_root_cgroup_works_the_same() {
     }
 }
 
+/// The node's own cgroup at its limit (an operator's `MemoryMax=` on the unit) while the job is
+/// still under its own: the kernel's OOM killer, choosing among the node's processes, takes the
+/// job (sandboxes rank first), the node carries on, and the job's result says it was killed for
+/// memory outside its limit, not `memory_limit`.
+#[test]
+fn a_node_cgroup_at_its_limit_kills_the_job_but_not_as_its_memory_limit() {
+    let Some(parent) = delegated("node cgroup at its limit") else {
+        return;
+    };
+    let slice = match Slice::new(&parent, "forkbox-node-limit") {
+        Ok(s) => s,
+        Err(e) => {
+            forkbox_queue::skip::skipped(format!("node cgroup at its limit: {e}"));
+            return;
+        }
+    };
+    std::fs::write(slice.dir.join("memory.max"), (160u64 << 20).to_string()).unwrap();
+    std::fs::write(slice.dir.join("memory.swap.max"), "0").unwrap();
+    let out = slice
+        .command(&format!(
+            "exec {BIN} run --json --memory-mb 512 --timeout-ms {SLOW_GUEST_TIMEOUT} -- \
+             python3 -c '{PY_HOG}'"
+        ))
+        .output()
+        .unwrap();
+    let ran = parse(Identity::Root, out);
+    assert_eq!(
+        (ran.status(), ran.json["signal"].as_i64()),
+        ("signaled", Some(9)),
+        "{}",
+        ran.dump()
+    );
+    let error = ran.json["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("not this job's memory limit"),
+        "{}",
+        ran.dump()
+    );
+    // Killed near the node's limit, far below its own.
+    assert!(ran.u64("max_rss_kb") < 160 * 1024, "{}", ran.dump());
+    println!("the node's cgroup at 160 MiB: {}", ran.dump());
+}
+
 /// A cgroup shared with another process cannot hand out job cgroups (the kernel's "no internal
 /// processes" rule): the node says so, with the fix, and falls back to rlimits.
 #[test]

@@ -611,20 +611,30 @@ fn autogroup_and_priority_writes_reach_only_the_jobs_own_processes() {
 
 /// A node run at `oom_score_adj` -1000 (systemd's `OOMScoreAdjust=-1000`) passes none of it to
 /// its jobs: a job runs at 1000, the host OOM killer's first choice. Under a node that holds
-/// `CAP_SYS_RESOURCE` (host root with every capability) a job cannot go back below 0, so it can
-/// never make itself unkillable; a rootless node's jobs can go back only as far as the node's
-/// own value. Putting the node at -1000 takes that capability too; where this test lacks it
-/// (a container's root), the node runs at the test's own value, and the VM tier's guest, which
-/// has it, must run the whole case.
+/// `CAP_SYS_RESOURCE` (host root with every capability) the zygote makes 0 the floor: a job may
+/// go back to 0, never below, so it can never make itself unkillable. A rootless node's jobs can
+/// go back as far as the node's own floor. Putting the node at -1000 takes that capability
+/// too; where this test lacks it (a container's root) the node runs at the test's own value,
+/// and the VM tier's guest, whose root has it, must run the whole case.
 #[test]
 fn jobs_are_the_oom_killers_first_choice_even_under_a_node_at_minus_1000() {
-    let job = "cat /proc/self/oom_score_adj; \
-               if echo -1000 > /proc/self/oom_score_adj 2>/dev/null; \
-               then echo lowered; else echo refused; fi; cat /proc/self/oom_score_adj";
+    // What the job reads, then what each write gives: `ok` or the errno's name.
+    let job = "import errno, os\n\
+               def adj(value=None):\n\
+               \x20   if value is None:\n\
+               \x20       return open('/proc/self/oom_score_adj').read().strip()\n\
+               \x20   fd = os.open('/proc/self/oom_score_adj', os.O_WRONLY)\n\
+               \x20   try:\n\
+               \x20       os.write(fd, str(value).encode()); return 'ok'\n\
+               \x20   except OSError as e:\n\
+               \x20       return errno.errorcode[e.errno]\n\
+               \x20   finally:\n\
+               \x20       os.close(fd)\n\
+               print(adj(), adj(-1000), adj(-1), adj(0), adj())";
     let at_minus_1000 = r#"echo -1000 > /proc/self/oom_score_adj 2>/dev/null || exit 3; exec "$@""#;
     for who in identities() {
         let mut argv = forkbox_argv(who);
-        argv.extend(["run", "--json", "-c", job].map(String::from));
+        argv.extend(["run", "--json", "--", "python3", "-c", job].map(String::from));
         let wrapped = |script: &str| {
             Command::new("sh")
                 .arg("-c")
@@ -646,11 +656,20 @@ fn jobs_are_the_oom_killers_first_choice_even_under_a_node_at_minus_1000() {
         }
         let outcome = parse(who, &out);
         assert_eq!(outcome["status"], "ok", "{who:?}: {outcome}");
-        let lines: Vec<&str> = outcome["stdout"].as_str().unwrap().lines().collect();
-        assert_eq!(lines.first(), Some(&"1000"), "{who:?}: {outcome}");
+        let seen: Vec<&str> = outcome["stdout"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(seen.first(), Some(&"1000"), "{who:?}: {outcome}");
         if who == Identity::Root {
-            assert_eq!(lines[1..], ["refused", "1000"], "{who:?}: {outcome}");
+            // Below the floor refused, the floor itself taken.
+            assert_eq!(
+                seen[1..],
+                ["EACCES", "EACCES", "ok", "0"],
+                "{who:?}: {outcome}"
+            );
         }
-        println!("{who:?}, node at -1000: {node_at_minus_1000}; the job read {lines:?}");
+        println!("{who:?}, node at -1000: {node_at_minus_1000}; the job saw {seen:?}");
     }
 }

@@ -85,6 +85,8 @@ pub fn print_outcome_as(outcome: &Outcome, json: bool, raw: bool) -> anyhow::Res
             Status::MemoryLimit => Some("memory limit exceeded".into()),
             Status::OutputLimit => Some("output limit exceeded; output truncated".into()),
             Status::Cancelled => Some("cancelled".into()),
+            // A kill for memory the host or the node ran short of says so.
+            Status::Signaled => outcome.error.clone(),
             _ => None,
         };
         if let Some(note) = note {

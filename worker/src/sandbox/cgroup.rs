@@ -207,10 +207,11 @@ pub struct JobCgroup {
 pub struct Accounting {
     pub memory_peak_kb: Option<u64>,
     pub oom_killed: bool,
-    /// The job's memory reached `memory.max` with nothing left to reclaim (memory.events
-    /// `oom`): an allocation was about to fail. The OOM killer usually follows
-    /// (`oom_killed`); where it did not, the allocation failed instead (a system call's
-    /// `ENOMEM`, which a runtime reports as its own out-of-memory error).
+    /// The job's memory reached `memory.max` with nothing left to reclaim and the kernel
+    /// went to its OOM path (memory.events `oom`, raised only for the cgroup over its limit and
+    /// its ancestors). That path usually kills in the job (`oom_killed` too); where it killed
+    /// nothing (memory freed meanwhile, a victim already exiting, nothing killable) the job ran
+    /// on, and a system call of it may have failed with `ENOMEM`.
     pub out_of_memory: bool,
     /// CPU time of every process the job ran (cpu.stat `usage_usec`).
     pub cpu_us: Option<u64>,
@@ -250,7 +251,7 @@ impl JobCgroup {
             .and_then(|s| s.trim().parse::<u64>().ok());
         let events = fs::read_to_string(self.dir.join("memory.events")).unwrap_or_default();
         let oom_killed = stat_field(&events, "oom_kill").unwrap_or(0) > 0;
-        let out_of_memory = oom_killed || stat_field(&events, "oom").unwrap_or(0) > 0;
+        let out_of_memory = stat_field(&events, "oom").unwrap_or(0) > 0;
         self.remove()?;
         Ok(Accounting {
             memory_peak_kb: peak.map(|b| b / 1024),
@@ -436,17 +437,18 @@ mod tests {
     }
 
     /// What memory.events says of the job: no OOM at all (the limit only reached and
-    /// reclaimed), an OOM kill, or the limit reached with no kill, where the allocation failed
-    /// in the job instead (which the outcome counts as the memory limit if the program then
-    /// failed).
+    /// reclaimed); an OOM kill at its own limit; its limit reached with no kill (an allocation
+    /// may have failed in it); a kill with no OOM of its own (the host's OOM killer, or the
+    /// node's cgroup at its limit, took a process of the job).
     #[test]
-    fn memory_events_tell_a_kill_from_a_refused_allocation() {
+    fn memory_events_tell_the_jobs_own_oom_from_one_outside_it() {
         let f = fake("cpu memory pids");
         let tree = Tree::prepare(&f.node, 1).unwrap();
         for (events, killed, out_of_memory) in [
             ("max 40\noom 0\noom_kill 0\n", false, false),
             ("max 9\noom 1\noom_kill 1\n", true, true),
             ("max 9\noom 2\noom_kill 0\n", false, true),
+            ("max 0\noom 0\noom_kill 3\n", true, false),
         ] {
             let job = tree
                 .create_job("job-1", &EffectiveLimits::default())

@@ -11,9 +11,7 @@ use tokio::sync::Semaphore;
 use super::events::{spawn_event_reader, Launchers, Waiters};
 use super::payload::job_env;
 use super::wire::{self, FromZygote, RootSource, ToZygote, ZygoteConfig};
-use super::{
-    cgroup, identity, limits, runtime, staging, sys, DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID,
-};
+use super::{cgroup, identity, runtime, staging, sys, DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID};
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -305,13 +303,6 @@ impl Engine {
         drop(theirs);
         let pid = child.id();
         let guard = ZygoteGuard(Some(child));
-        // Before it is sent its configuration, so before any sandbox exists.
-        if let Err(e) = limits::floor_oom_score(pid) {
-            tracing::warn!(
-                "could not set the zygote's oom_score_adj to 0 ({e}): jobs can lower theirs \
-                 to the node's own"
-            );
-        }
 
         let warm_env = job_env(&Job::default(), &config.work_dir);
         let interpreter = config

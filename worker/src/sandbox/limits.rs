@@ -7,9 +7,9 @@
 //! `RLIMIT_DATA`, which counts writable private mappings (heap, anonymous memory) but not
 //! reservations without access: runtimes start, and a program that keeps allocating gets
 //! `ENOMEM`. The kernel reports nothing about such a failure, so whether it ended the program
-//! is decided from what can be observed ([`out_of_memory_evident`]). (A cgroup does report
-//! it: memory.events `oom` counts allocations that reached `memory.max` with nothing left to
-//! reclaim, killed or failed.)
+//! is decided from what can be observed ([`out_of_memory_evident`]). (A cgroup reports more:
+//! memory.events `oom` counts the times the job reached `memory.max` with nothing left to
+//! reclaim and the kernel went to its OOM path, which usually kills; see `outcome::fold`.)
 //!
 //! Whatever the limits, a sandbox's processes are the kernel OOM killer's first choice on the
 //! host ([`rank_first_for_oom`]), and a job cannot make itself unkillable when the node can
@@ -55,13 +55,14 @@ pub fn rank_first_for_oom() -> std::io::Result<()> {
     )
 }
 
-/// Sets the zygote `pid` to `oom_score_adj` 0. A job may lower its own value, but only down to
-/// the last one set with `CAP_SYS_RESOURCE` above it: written by a node that holds the
-/// capability (host root), 0 becomes that floor for every sandbox, so no job can make itself
-/// unkillable even under a node at -1000. Without the capability the write only lifts a
-/// negative value, and the floor stays what the node inherited (docs/security.md).
-pub fn floor_oom_score(pid: u32) -> std::io::Result<()> {
-    std::fs::write(format!("/proc/{pid}/oom_score_adj"), "0")
+/// Sets this process (the zygote, as it starts, while it still holds the node's
+/// capabilities) to `oom_score_adj` 0. A job may lower its own value, but only down to the last
+/// one set with `CAP_SYS_RESOURCE` above it: written with the capability (a node run as host
+/// root), 0 becomes that floor for every sandbox, so no job can make itself unkillable even
+/// under a node at -1000. Without it the write only lifts a negative value, and the floor stays
+/// the node's own `oom_score_adj_min` (docs/security.md).
+pub fn floor_oom_score() -> std::io::Result<()> {
+    std::fs::write("/proc/self/oom_score_adj", "0")
 }
 
 /// One resource limit the program is exec'd under.
@@ -146,9 +147,13 @@ pub fn out_of_memory_evident(
     peak_rss_kb: u64,
     memory_mb: u64,
 ) -> bool {
-    if !failed || peak_rss_kb.saturating_mul(2) < memory_mb.saturating_mul(1024) {
-        return false;
-    }
+    failed
+        && peak_rss_kb.saturating_mul(2) >= memory_mb.saturating_mul(1024)
+        && says_out_of_memory(stderr)
+}
+
+/// Whether the tail of `stderr` carries a runtime's out-of-memory message.
+pub fn says_out_of_memory(stderr: &[u8]) -> bool {
     let tail = &stderr[stderr.len().saturating_sub(STDERR_TAIL)..];
     let text = String::from_utf8_lossy(tail).to_lowercase();
     OUT_OF_MEMORY_MARKS.iter().any(|m| text.contains(m))

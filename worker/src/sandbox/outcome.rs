@@ -3,8 +3,10 @@
 //!
 //! Precedence, first match wins: a set-up failure (the program never ran; `cancelled` when our
 //! own kill caused it, `invalid` when the job's input did, else `error`), then timeout >
-//! cancelled > output > OOM (cgroup) > CPU (cgroup) > the init's report (its CPU budget, a
-//! signal, the exit code; the rlimit OOM heuristic on top) > no report (`error`).
+//! cancelled > output > OOM (cgroup: a kill at the job's own limit is `memory_limit`, one for
+//! memory outside it a plain kill that says so) > CPU (cgroup) > the init's report (its CPU
+//! budget, a signal, the exit code; on top, out-of-memory evidence without a kill) > no report
+//! (`error`).
 
 use forkbox_queue::schema::{Outcome, RuntimeUse, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT};
 
@@ -62,6 +64,11 @@ pub(super) struct Terms {
     pub memory: MemoryEnforcement,
     pub runtime: Option<RuntimeUse>,
 }
+
+/// The `error` of a job the kernel's OOM killer took while it was under its own memory limit.
+pub(super) const OOM_OUTSIDE_THE_LIMIT: &str =
+    "killed by the kernel's OOM killer: the host (or the node's cgroup) ran out of memory, \
+     not this job's memory limit";
 
 /// Folds what a run observed into its outcome.
 pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
@@ -146,8 +153,13 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         // Past the cap the sandbox is killed (its pipes stay open until then); whichever of
         // the kill and our noticing came first, the job ended because of its output.
         killed_by(&mut outcome, Status::OutputLimit);
-    } else if accounting.is_some_and(|a| a.oom_killed) {
+    } else if accounting.is_some_and(|a| a.oom_killed && a.out_of_memory) {
         killed_by(&mut outcome, Status::MemoryLimit);
+    } else if accounting.is_some_and(|a| a.oom_killed) {
+        // Killed for memory the host or the node's cgroup ran short of, with the job under
+        // its own limit (sandboxes are the OOM killer's first choice): not the job's limit.
+        killed_by(&mut outcome, Status::Signaled);
+        outcome.error = Some(OOM_OUTSIDE_THE_LIMIT.into());
     } else if kills.cpu {
         killed_by(&mut outcome, Status::CpuLimit);
     } else if let Some(r) = report {
@@ -180,9 +192,13 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         }
         let failed = matches!(outcome.status, Status::Failed | Status::Signaled);
         let out_of_memory = match terms.memory {
-            // The kernel's word: the job reached memory.max with nothing to reclaim and was
-            // not killed, so an allocation failed in it, and then the program failed.
-            MemoryEnforcement::Cgroup => failed && accounting.is_some_and(|a| a.out_of_memory),
+            // Both words: the kernel's, that the job reached memory.max with nothing left to
+            // reclaim and nothing was killed, and the runtime's, that an allocation failed.
+            MemoryEnforcement::Cgroup => {
+                failed
+                    && accounting.is_some_and(|a| a.out_of_memory)
+                    && limits::says_out_of_memory(&stderr.bytes)
+            }
             MemoryEnforcement::DataRlimit => limits::out_of_memory_evident(
                 failed,
                 &stderr.bytes,
@@ -254,6 +270,7 @@ mod tests {
         let all = kills(true, true, true);
         let oom = Some(Accounting {
             oom_killed: true,
+            out_of_memory: true,
             ..Accounting::default()
         });
         let cut = Captured {
@@ -329,6 +346,21 @@ mod tests {
                     ..Observed::default()
                 },
                 Status::MemoryLimit,
+                128 + KILL,
+                Some(KILL),
+            ),
+            (
+                "an OOM kill from outside the job's limit (host, node cgroup) is a plain kill",
+                Observed {
+                    exit: Some(exited()),
+                    kills: kills(false, false, true),
+                    accounting: Some(Accounting {
+                        oom_killed: true,
+                        ..Accounting::default()
+                    }),
+                    ..Observed::default()
+                },
+                Status::Signaled,
                 128 + KILL,
                 Some(KILL),
             ),
@@ -449,6 +481,13 @@ mod tests {
             assert_eq!(
                 (o.status, o.exit_code, o.signal),
                 (status, exit_code, signal),
+                "{name}"
+            );
+            // Only that kill says why in `error`.
+            let outside = o.error.as_deref() == Some(OOM_OUTSIDE_THE_LIMIT);
+            assert_eq!(
+                outside,
+                name.starts_with("an OOM kill from outside"),
                 "{name}"
             );
         }
@@ -613,33 +652,33 @@ mod tests {
             Status::Failed
         );
         assert_eq!(fold(seen(None, 60_000), terms()).status, Status::Failed);
-        // Under a cgroup, an allocation that failed at memory.max (no kill) and then the
-        // program's failure: the memory limit, whatever it printed; a program that survived
-        // it is its own.
-        let at_the_limit = |code, signal| Observed {
+        // Under a cgroup: the job reached memory.max with no kill (memory.events `oom`), and
+        // then failed saying it ran out of memory: the memory limit. Without the message, or
+        // having survived it, the program's own.
+        let at_the_limit = |code, signal, stderr: &[u8]| Observed {
             accounting: Some(Accounting {
                 out_of_memory: true,
                 ..Accounting::default()
             }),
             report: Some(report(code, signal)),
+            stderr: Captured {
+                bytes: stderr.to_vec(),
+                truncated: false,
+            },
             ..Observed::default()
         };
-        for (code, signal, status) in [
-            (Some(1), None, Status::MemoryLimit),
-            (None, Some(libc::SIGABRT), Status::MemoryLimit),
-            (Some(0), None, Status::Ok),
+        let says = b"Traceback (most recent call last):\nMemoryError\n".as_slice();
+        for (code, signal, stderr, status) in [
+            (Some(1), None, says, Status::MemoryLimit),
+            (None, Some(libc::SIGABRT), says, Status::MemoryLimit),
+            (Some(1), None, b"ValueError\n".as_slice(), Status::Failed),
+            (Some(0), None, says, Status::Ok),
         ] {
-            let o = fold(at_the_limit(code, signal), terms());
+            let o = fold(at_the_limit(code, signal, stderr), terms());
             assert_eq!(o.status, status, "{code:?} {signal:?}");
-            assert_eq!(
-                (o.exit_code, o.signal),
-                (code.unwrap_or(0) + signal.map_or(0, |s| 128 + s), signal)
-            );
         }
-        assert_eq!(
-            fold(at_the_limit(Some(1), None), rlimit.clone()).status,
-            Status::Failed
-        );
+        // The kernel's word is needed: the message alone under a cgroup is the program's own.
+        assert_eq!(fold(seen(None, 60_000), terms()).status, Status::Failed);
         // Collected files and the collect error come from the report.
         let mut r = report(Some(0), None);
         r.files_truncated = vec!["big".into()];

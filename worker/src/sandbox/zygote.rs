@@ -27,7 +27,7 @@ use super::watchdog::Deadline;
 use super::wire::{
     self, ExecNote, Exit, FromInit, FromZygote, SetupError, ToInit, ToZygote, ZygoteConfig,
 };
-use super::{identity, mono_ns, seccomp};
+use super::{identity, limits, mono_ns, seccomp};
 
 /// The zygote's nice value when the host lets it raise its priority.
 const ZYGOTE_NICE: i32 = -5;
@@ -58,6 +58,11 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening),
     // Every sandbox is a fork of this process.
     let one = SingleThreaded::check()
         .ok_or_else(|| SetupError::new("zygote: must be single-threaded"))?;
+    // While this process still holds the node's capabilities (before its user namespace):
+    // with CAP_SYS_RESOURCE this makes 0 the lowest oom_score_adj any sandbox can go back to.
+    // It fails only where lowering needs the capability (a node held above 0), and then the
+    // floor its sandboxes inherit is that higher value: no job can go lower either way.
+    let _ = limits::floor_oom_score();
     let cfg: ZygoteConfig = match wire::recv(control.as_fd()) {
         Ok(Some(m)) => m.message,
         other => {
