@@ -49,7 +49,8 @@ KERNEL=${FORKBOX_VM_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n
 # --- the test binaries, built on the host ----------------------------------------------------
 echo "vm: building the test binaries"
 artifacts=$("$CARGO" test -p forkbox --no-run --lib --test cgroup_limits --test runtimes \
-  --test sandbox --test sandbox_kernel_state --message-format=json 2>/dev/null) || fail "cargo test --no-run failed"
+  --test sandbox --test sandbox_kernel_state --message-format=json 2>/dev/null) ||
+  fail "cargo test --no-run failed"
 exe() {
   python3 -c '
 import json, sys

@@ -6,10 +6,10 @@
 //! process of the sandbox, reports the program's exit and the collected files, and exits, which
 //! makes the kernel kill anything still alive in the pid namespace.
 //!
-//! Its steps, in order: [`serve`] builds the sandbox (session, priority, OOM rank, parent-death signal,
-//! descriptors, the id maps, hostname, root, ipc limits, the working directory) and forks the
-//! launcher; [`supervise`] takes the report pipe, adjusts the sandbox to the job, reaps, and
-//! reports.
+//! Its steps, in order: [`serve`] builds the sandbox (session, priority, OOM rank,
+//! parent-death signal, descriptors, the id maps, hostname, root, ipc limits, the working
+//! directory) and forks the launcher; [`supervise`] takes the report pipe, adjusts the sandbox
+//! to the job, reaps, and reports.
 
 use std::fs;
 use std::io::{Read, Write};

@@ -39,10 +39,10 @@ pub enum MemoryEnforcement {
     DataRlimit,
 }
 
-/// A sandbox's `oom_score_adj` (-1000 to 1000): the highest, so that when the host runs out of
-/// memory the OOM killer takes a job before the node, Redis or anything else, whatever
+/// A sandbox's `oom_score_adj` (-1000 to 1000): the highest, so that a job starts as the OOM
+/// killer's first choice when the host or the node's cgroup runs out of memory, whatever
 /// `oom_score_adj` the node itself runs at (an `OOMScoreAdjust=-1000` would otherwise pass to
-/// every job and make it unkillable).
+/// every job and make it unkillable). A job may lower its own, down to [`floor_oom_score`]'s.
 pub const SANDBOX_OOM_SCORE_ADJ: i32 = 1000;
 
 /// Raises this process (the sandbox's init, before anything of the job runs) to
