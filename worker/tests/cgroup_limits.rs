@@ -445,6 +445,20 @@ impl Slice {
         Ok(Slice { dir })
     }
 
+    /// Two slices, for two node starts: a node leaves its cgroup an inner node (controllers
+    /// enabled for its children), where no process may be placed again, as systemd recreates a
+    /// unit's cgroup for each start. `None`, said as the skip of `test`, only where this
+    /// process's own cgroup holds other processes (not the root).
+    fn two(parent: &Path, name: &str, test: &str) -> Option<[Slice; 2]> {
+        match ["a", "b"].map(|s| Slice::new(parent, &format!("{name}-{s}"))) {
+            [Ok(a), Ok(b)] => Some([a, b]),
+            slices => {
+                forkbox_queue::skip::skipped(format!("{test}: {:?}", slices.map(|s| s.err())));
+                None
+            }
+        }
+    }
+
     /// `sh` moves itself into the slice, then runs `cmd` there.
     fn command(&self, cmd: &str) -> Command {
         let mut c = Command::new("sh");
@@ -477,13 +491,7 @@ fn a_node_in_a_delegated_non_root_cgroup_works_the_same() {
     let Some(parent) = delegated("non-root cgroup") else {
         return;
     };
-    // One cgroup per node start: a node leaves its cgroup an inner node (controllers enabled
-    // for its children), where no process may be placed again, as systemd recreates a unit's
-    // cgroup for each start.
-    let slices = ["forkbox-delegated-a", "forkbox-delegated-b"].map(|n| Slice::new(&parent, n));
-    let [Ok(slice), Ok(second)] = slices else {
-        // Only where this process's own cgroup holds other processes (not the root).
-        forkbox_queue::skip::skipped(format!("non-root cgroup: {:?}", slices.map(|s| s.err())));
+    let Some([slice, second]) = Slice::two(&parent, "forkbox-delegated", "non-root cgroup") else {
         return;
     };
     let argv =
@@ -535,13 +543,10 @@ fn a_node_cgroup_at_its_limit_kills_the_job_but_not_as_its_memory_limit() {
     let Some(parent) = delegated("node cgroup at its limit") else {
         return;
     };
-    // One cgroup per node start (see the test above): the second run prints for a person.
-    let slices = ["forkbox-node-limit-a", "forkbox-node-limit-b"].map(|n| Slice::new(&parent, n));
-    let [Ok(slice), Ok(second)] = slices else {
-        forkbox_queue::skip::skipped(format!(
-            "node cgroup at its limit: {:?}",
-            slices.map(|s| s.err())
-        ));
+    // The second node start prints for a person.
+    let Some([slice, second]) =
+        Slice::two(&parent, "forkbox-node-limit", "node cgroup at its limit")
+    else {
         return;
     };
     for s in [&slice, &second] {

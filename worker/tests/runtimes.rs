@@ -10,7 +10,7 @@ mod limits_support;
 mod sandbox_support;
 
 use limits_support::{installed, run_shell, runtimes_required, Ran};
-use sandbox_support::{identities, Identity};
+use sandbox_support::{emulated_guest, identities, Identity};
 
 /// One row of the matrix: the programs it needs, the shell script, the exact stdout.
 struct Runtime {
@@ -168,7 +168,7 @@ fn crashed(ran: &Ran) -> bool {
     let faults = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL];
     let signal = ran.json["signal"].as_i64();
     let code = ran.json["exit_code"].as_i64();
-    ran.status() != "ok" && ran.dump().contains(JVM_CRASH)
+    (ran.status() != "ok" && ran.dump().contains(JVM_CRASH))
         || faults
             .iter()
             .any(|&f| signal == Some(i64::from(f)) || code == Some(128 + i64::from(f)))
@@ -191,13 +191,6 @@ fn run_past_emulator_crashes(who: Identity, opts: &[&str], what: &str, script: &
         ran = run_shell(who, opts, script);
     }
     ran
-}
-
-/// Whether this is the VM tier's emulated guest (`tests/vm/guest.sh`), where the JVM's
-/// JIT-compiled code has crashed on its own once in a while (TCG, no hardware
-/// virtualisation).
-fn emulated_guest() -> bool {
-    std::env::var_os("FORKBOX_VM_GUEST").is_some_and(|v| v == "1")
 }
 
 /// One job per runtime at the default limits (in the emulated guest, all but the deadline).

@@ -649,7 +649,7 @@ fn jobs_are_the_oom_killers_first_choice_even_under_a_node_at_minus_1000() {
         let node_at_minus_1000 = out.status.code() != Some(3);
         if !node_at_minus_1000 {
             assert!(
-                std::env::var_os("FORKBOX_VM_GUEST").is_none(),
+                !sandbox_support::emulated_guest(),
                 "the VM guest's root could not set oom_score_adj -1000"
             );
             out = wrapped(r#"exec "$@""#);

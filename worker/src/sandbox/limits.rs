@@ -49,10 +49,7 @@ pub const SANDBOX_OOM_SCORE_ADJ: i32 = 1000;
 /// [`SANDBOX_OOM_SCORE_ADJ`]; every process of the sandbox inherits it. Raising needs no
 /// privilege.
 pub fn rank_first_for_oom() -> std::io::Result<()> {
-    std::fs::write(
-        "/proc/self/oom_score_adj",
-        SANDBOX_OOM_SCORE_ADJ.to_string(),
-    )
+    set_own_oom_score_adj(SANDBOX_OOM_SCORE_ADJ)
 }
 
 /// Sets this process (the zygote, as it starts, while it still holds the node's
@@ -62,7 +59,11 @@ pub fn rank_first_for_oom() -> std::io::Result<()> {
 /// under a node at -1000. Without it the write only lifts a negative value, and the floor stays
 /// the node's own `oom_score_adj_min` (docs/security.md).
 pub fn floor_oom_score() -> std::io::Result<()> {
-    std::fs::write("/proc/self/oom_score_adj", "0")
+    set_own_oom_score_adj(0)
+}
+
+fn set_own_oom_score_adj(value: i32) -> std::io::Result<()> {
+    std::fs::write("/proc/self/oom_score_adj", value.to_string())
 }
 
 /// One resource limit the program is exec'd under.

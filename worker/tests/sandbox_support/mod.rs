@@ -33,6 +33,13 @@ pub fn is_root() -> bool {
     nix::unistd::Uid::effective().is_root()
 }
 
+/// Whether this is the VM tier's emulated guest (`tests/vm/guest.sh`): root with every
+/// capability, every cgroup-v2 controller, and the emulator (TCG, no hardware virtualisation),
+/// where the JVM's JIT-compiled code has crashed on its own once in a while.
+pub fn emulated_guest() -> bool {
+    std::env::var_os("FORKBOX_VM_GUEST").is_some_and(|v| v == "1")
+}
+
 /// The identities this host lets us test; the root variant is skipped, and says so, when the
 /// tests do not run as root.
 pub fn identities() -> Vec<Identity> {
