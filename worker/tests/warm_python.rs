@@ -303,6 +303,32 @@ fn corpus() -> Vec<(&'static str, Job)> {
             },
         ),
         (
+            "the sandbox's time zone without TZ",
+            py(&[
+                "-c",
+                "import time\nprint(time.tzname, time.timezone, time.daylight, \
+                 time.localtime(0).tm_hour)",
+            ]),
+        ),
+        (
+            "the environment in os.environ, the C environ and a child",
+            Job {
+                env: [
+                    ("V".to_owned(), "ünï = cödé".to_owned()),
+                    ("EMPTY".to_owned(), String::new()),
+                ]
+                .into(),
+                ..py(&[
+                    "-c",
+                    "import os, subprocess\n\
+                     print(sorted(os.environ.items()), os.getenv('V'), os.environb[b'V'])\n\
+                     os.environ['ADDED'] = '1'; del os.environ['EMPTY']\n\
+                     print(subprocess.run(['sh', '-c', 'env | sort'], capture_output=True, \
+                     text=True).stdout)",
+                ])
+            },
+        ),
+        (
             "signals as python3 sets them",
             py(&[
                 "-c",

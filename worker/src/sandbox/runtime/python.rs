@@ -18,6 +18,7 @@ use forkbox_queue::schema::FileData;
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox::sys::{self, Libpython};
+use crate::sandbox::wire::SetupError;
 
 /// The Python side of the runtime.
 const STUB: &str = include_str!("python_stub.py");
@@ -610,9 +611,30 @@ struct StubInput<'a> {
     env: &'a [(String, String)],
 }
 
-/// Launcher side: runs the job's program in this process's warm interpreter. Called in place
-/// of `execve`, after every isolation step, with stdio installed and the exec time reported.
-/// Never returns: the interpreter's exit path ends the process.
+/// Launcher side, once, before its sandbox is announced ready: the interpreter's after-fork
+/// bookkeeping (CPython's own, and the `os.register_at_fork` hooks of the preloaded modules,
+/// such as `threading`'s) and the stub's reseeding. Each Python object they touch copies its
+/// page of the inherited heap (CPython 3.11 writes reference counts on every use), a few
+/// hundred pages in all; done here, that is spent while the sandbox waits, not between a job's
+/// request and its program. The launcher is already hardened and no job exists yet; it takes
+/// exactly one job, so what is seeded here is still that job's alone.
+pub fn prepare() -> Result<(), SetupError> {
+    let Some(py) = LOADED.get() else {
+        return Ok(());
+    };
+    py.after_fork_child();
+    if py.run(c"__import__('_forkbox_warm').prepare()\n") != 0 {
+        return Err(SetupError::new(
+            "preparing the warm interpreter failed (its traceback is on the zygote's stderr)",
+        ));
+    }
+    Ok(())
+}
+
+/// Launcher side: runs the job's program in this process's warm interpreter, which
+/// [`prepare`] readied. Called in place of `execve`, after every isolation step, with stdio
+/// installed and the exec time reported. Never returns: the interpreter's exit path ends the
+/// process.
 pub fn run(plan: &WarmPlan, env: &[(String, String)]) -> ! {
     let Some(py) = LOADED.get() else {
         sys::exit_now(125)
@@ -633,7 +655,6 @@ pub fn run(plan: &WarmPlan, env: &[(String, String)]) -> ! {
     if sys::close_from(3).is_err() {
         sys::exit_now(125);
     }
-    py.after_fork_child();
     py.run(&code);
     // The stub always ends the process itself; reaching here means it failed before the
     // program ran.

@@ -47,6 +47,50 @@ def warm_up(preload_hex, fd):
     gc.freeze()
 
 
+def prepare():
+    """In the launcher, before its sandbox is ready (see `python.rs::prepare`): what does not
+    depend on the job, and one pass over throwaway data through the code a job's start and
+    exit run (the plan's decoding, a text stream, the compiler, the collector), so the pages of
+    the inherited heap it touches are copied now rather than on the job's clock."""
+    _reseed()
+    if "time" in sys.modules:
+        # The sandbox's own /etc/localtime, as a cold python3 would read it; the job's start
+        # reads it again only if its TZ differs from this environment's.
+        sys.modules["time"].tzset()
+    json.loads('{"mode": "command", "argv": ["-c"], "env": [["K", "V"]], "unbuffered": false}')
+    _set_environ(list(os.environ.items()))  # the same environment again: no change
+    with open(os.devnull, "w", encoding="utf-8", errors="strict", newline="\n") as stream:
+        stream.write("")
+    exec(compile("pass", "<string>", "exec"), {"__builtins__": builtins})
+    # The launcher resets every disposition before the job; the job's start sets these again.
+    _python_signals()
+    _release_zygote_stdio()
+    import gc
+
+    gc.collect()
+
+
+def _python_signals():
+    """As python3 sets them at start-up (the zygote keeps its own dispositions)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+# The zygote's standard streams' encoding and errors, for the job's own (see `_open_stdio`).
+_STDIO_CODECS = {}
+
+
+def _release_zygote_stdio():
+    """Keeps the zygote's streams' codecs and frees the stream objects, so the job's start
+    only builds its own."""
+    for name in ("stdin", "stdout", "stderr"):
+        old = getattr(sys, f"__{name}__", None)
+        _STDIO_CODECS[name] = (getattr(old, "encoding", None), getattr(old, "errors", None))
+        setattr(sys, name, None)
+        setattr(sys, f"__{name}__", None)
+
+
 def run(plan_hex):
     plan = json.loads(bytes.fromhex(plan_hex))
     _become_process(plan)
@@ -142,15 +186,11 @@ def _flush_std(report=True):
 
 
 def _become_process(plan):
-    os.environ.clear()
-    os.environ.update(dict(plan["env"]))
-    if "time" in sys.modules:
+    tz = os.environ.get("TZ")
+    _set_environ(plan["env"])
+    if "time" in sys.modules and os.environ.get("TZ") != tz:
         sys.modules["time"].tzset()
-    # As python3 sets them at start-up (the zygote keeps its own dispositions).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    _reseed()
+    _python_signals()
     _open_stdio(plan["unbuffered"])
     sys.argv = list(plan["argv"])
     sys.orig_argv = list(plan["orig_argv"])
@@ -168,6 +208,22 @@ def _become_process(plan):
 
         sys.warnoptions[:] = plan["warnoptions"]
         warnings._processoptions(sys.warnoptions)
+
+
+def _set_environ(env):
+    """The job's environment, in the C environ and in os.environ, as os.environ's own
+    `clear()` and `update()` would set them (unsetenv, putenv and its encoded mapping), without
+    their generic MutableMapping loops: every Python function a job's start runs copies pages
+    of the inherited heap."""
+    environ = os.environ
+    data = environ._data
+    for key in list(data):
+        os.unsetenv(key)
+    data.clear()
+    for name, value in env:
+        key, value = environ.encodekey(name), environ.encodevalue(value)
+        os.putenv(key, value)
+        data[key] = value
 
 
 def _reseed():
@@ -189,16 +245,11 @@ def _reseed():
 
 def _open_stdio(unbuffered):
     """The standard streams as python3 creates them (its create_stdio), on the job's fds."""
-    spec = [
-        ("stdin", 0, False, sys.__stdin__),
-        ("stdout", 1, True, sys.__stdout__),
-        ("stderr", 2, True, sys.__stderr__),
-    ]
-    for name, fd, write, old in spec:
-        encoding = getattr(old, "encoding", None) or "utf-8"
-        errors = getattr(old, "errors", None) or (
-            "backslashreplace" if fd == 2 else "strict"
-        )
+    spec = [("stdin", 0, False), ("stdout", 1, True), ("stderr", 2, True)]
+    for name, fd, write in spec:
+        encoding, errors = _STDIO_CODECS.get(name, (None, None))
+        encoding = encoding or "utf-8"
+        errors = errors or ("backslashreplace" if fd == 2 else "strict")
         buffering = 0 if (unbuffered and write) else -1
         try:
             buf = io.open(fd, "wb" if write else "rb", buffering, closefd=False)
