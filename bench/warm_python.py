@@ -131,6 +131,9 @@ class Daemon:
         self.dir.cleanup()
 
 
+NUMPY_JOB = ["python3", "-c", "import numpy as np; print(int(np.arange(10).sum()))"]
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -244,6 +247,18 @@ def main() -> None:
         if preload:
             row = check_line(args.bin, preload)
             row["name"] = name
+            if "warm_up_ms" in row:
+                # What a job of that zygote costs: `print` warm, and the same through a node
+                # whose preload includes numpy, a job that uses it, warm and cold.
+                d = Daemon(args.bin, 1, preload)
+                try:
+                    row["print_latency"] = latency(d, six, "python", args.n // 2)
+                    row["print_cpu_ms"] = cpu_per_job(d, six, "python", args.n // 2)
+                    if "numpy" in preload and "numpy" not in row["failed"]:
+                        res["numpy_warm"] = latency(d, NUMPY_JOB, "python", args.n // 4)
+                        res["numpy_cold"] = latency(d, NUMPY_JOB, None, args.n // 10)
+                finally:
+                    d.close()
             res["preloads"].append(row)
     print(json.dumps(res, indent=2), file=sys.stderr)
     md = render(res)
@@ -274,18 +289,29 @@ def render(r: dict) -> str:
         f"| CPU per `/bin/true` job, runtime on / off | {r['cpu_true_ms']:.2f} / {r['cpu_true_off_ms']:.2f} ms | | |",
         f"| `/bin/true` spawn (request to exec) p50, runtime on / off | {r['spawn_true_on_us']:.0f} / {r['spawn_true_off_us']:.0f} µs | | |",
         "",
-        "| preload | modules in `sys.modules` | zygote warm-up | zygote RSS before → after |",
-        "|---|---|---|---|",
+        "| preload | modules in `sys.modules` | zygote warm-up | zygote RSS before → after "
+        "| warm `print(6*7)`, request to exit p50 | CPU per warm `print` job |",
+        "|---|---|---|---|---|---|",
     ]
     for p in r["preloads"]:
         if "warm_up_ms" not in p:
-            lines.append(f"| {p['name']} | unavailable | | |")
+            lines.append(f"| {p['name']} | unavailable | | | | |")
             continue
         note = f" ({', '.join(p['failed'])} not installed)" if p["failed"] else ""
+        lat = p.get("print_latency")
         lines.append(
             f"| {p['name']}{note} | {p['modules']} | {p['warm_up_ms']:.0f} ms | "
-            f"{p['rss_before_kb'] / 1024:.1f} → {p['rss_after_kb'] / 1024:.1f} MiB |"
+            f"{p['rss_before_kb'] / 1024:.1f} → {p['rss_after_kb'] / 1024:.1f} MiB | "
+            + (f"{lat['p50_ms']:.2f} ms | {p['print_cpu_ms']:.2f} ms |" if lat else " | |")
         )
+    if "numpy_warm" in r:
+        nw, nc = r["numpy_warm"], r["numpy_cold"]
+        lines += [
+            "",
+            f"A job that uses numpy (`{NUMPY_JOB[2]}`), through the node whose preload includes "
+            f"it: request to exit p50 {nw['p50_ms']:.2f} ms warm against {nc['p50_ms']:.2f} ms cold "
+            f"({nc['p50_ms'] / nw['p50_ms']:.1f}×).",
+        ]
     return "\n".join(lines) + "\n"
 
 

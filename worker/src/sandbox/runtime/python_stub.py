@@ -11,12 +11,16 @@ environment, fresh standard streams, fresh randomness, `sys.argv` and `sys.path`
 atexit, flushing the streams, the program's finalizers).
 """
 
+# What every job's start and exit use is imported here, in the zygote, whatever the preload.
+import atexit
 import builtins
+import gc
 import io
 import json
 import os
 import signal
 import sys
+import weakref
 
 _STUB_FILE = "<forkbox-warm>"
 
@@ -39,8 +43,6 @@ def warm_up(preload_hex, fd):
     }
     with os.fdopen(fd, "w", closefd=False) as out:
         out.write(json.dumps(info))
-    import gc
-
     # Objects that exist now are never collected by a job's collector: its passes do not touch
     # (and copy) the pages of the shared heap.
     gc.collect()
@@ -65,8 +67,6 @@ def prepare():
     # The launcher resets every disposition before the job; the job's start sets these again.
     _python_signals()
     _release_zygote_stdio()
-    import gc
-
     gc.collect()
 
 
@@ -132,14 +132,8 @@ def _finalize(code):
             threading._shutdown()
         except BaseException:
             pass
-    import atexit
-
     atexit._run_exitfuncs()
     ok = _flush_std()
-    import gc
-
-    import weakref
-
     # As finalize_modules: the last exception is dropped, __main__ leaves sys.modules, garbage
     # is collected (finalizers run in the collector's order), and what still lives is cleared
     # as _PyModule_ClearDict does (_private names first, then the rest).
