@@ -19,6 +19,9 @@ DEBIAN_PACKAGES := libseccomp-dev pkg-config redis-server redis-tools iproute2 p
 # The language runtimes the limit tests run at the default limits (node may come from another
 # repository's `nodejs`; the JDK from `openjdk-*-jdk-headless`, which the default one depends on).
 RUNTIME_PACKAGES := nodejs default-jdk-headless golang-go ruby erlang-base gcc g++ perl
+# numpy, for the warm runtime's heavier-preload test (numpy's generator reseeded per job) and
+# its benchmark.
+WARM_PACKAGES := python3-numpy
 # The VM tier: qemu, the kernel it boots and the busybox virtme-ng's init needs.
 VM_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
 VM_VENV ?= .venv-vm
@@ -47,7 +50,7 @@ all: build
 
 # System packages: installed when missing and root, otherwise the exact command is printed.
 deps:
-	@$(call apt_install,$(DEBIAN_PACKAGES) $(RUNTIME_PACKAGES))
+	@$(call apt_install,$(DEBIAN_PACKAGES) $(RUNTIME_PACKAGES) $(WARM_PACKAGES))
 	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust from https://rustup.rs"; exit 1; }
 
 # What the VM tier needs. Without root and with something missing, the command is printed and

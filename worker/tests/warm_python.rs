@@ -440,6 +440,56 @@ async fn humaneval_programs_give_the_same_results_warm_and_cold() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numpy_preloaded_is_reseeded_for_each_warm_job() {
+    let settings = PythonSettings::default();
+    let importable = Command::new(&settings.executable)
+        .args(["-c", "import numpy"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !importable {
+        assert!(
+            std::env::var_os("FORKBOX_REQUIRE_RUNTIMES").is_none(),
+            "numpy is not importable by {} (make deps installs python3-numpy)",
+            settings.executable.display()
+        );
+        forkbox_queue::skip::skipped(format!(
+            "numpy is not importable by {}",
+            settings.executable.display()
+        ));
+        return;
+    }
+    let engine = tokio::task::spawn_blocking(move || {
+        let mut settings = settings;
+        settings.preload.push("numpy".into());
+        Engine::start(EngineConfig {
+            zygote_exe: BIN.into(),
+            slots: 2,
+            python: Some(settings),
+            ..EngineConfig::default()
+        })
+        .expect("engine")
+    })
+    .await
+    .unwrap();
+    // The legacy global generator is seeded when numpy is imported: in the zygote, here.
+    let job = warm(&py(&[
+        "-c",
+        "import sys, numpy\nprint('numpy' in sys.modules)\n\
+         print(numpy.random.random(), numpy.random.randint(1 << 30))",
+    ]));
+    let (a, b) = tokio::join!(engine.run(&job), engine.run(&job));
+    for o in [&a, &b] {
+        assert_eq!(o.status.as_str(), "ok", "{}", o.stderr);
+        assert!(o.runtime.as_ref().unwrap().warm);
+        assert!(o.stdout.starts_with("True\n"), "{}", o.stdout);
+    }
+    assert_ne!(
+        a.stdout, b.stdout,
+        "numpy's generator repeated across two warm jobs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_warm_jobs_get_fresh_randomness() {
     let engine = tokio::task::spawn_blocking(|| engine(2)).await.unwrap();
     let program = "import random, uuid, tempfile, os, secrets, multiprocessing\n\
