@@ -42,7 +42,8 @@ pub(super) struct Channels {
 /// Runs the launcher; never returns. The steps, in order.
 pub(super) fn main(ch: Channels, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
     // Before any job exists, so the job's input is only ever handled under the filter.
-    let ready = hardening::harden(hardening).and_then(|()| super::runtime::python::prepare());
+    let ready = hardening::harden(hardening)
+        .and_then(|()| super::runtime::python::prepare().map_err(SetupError::new));
     if let Err(error) = ready {
         // Fail closed: this sandbox never takes a job; the zygote fails the next one with
         // the reason.

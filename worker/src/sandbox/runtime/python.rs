@@ -18,7 +18,6 @@ use forkbox_queue::schema::FileData;
 use serde::{Deserialize, Serialize};
 
 use crate::sandbox::sys::{self, Libpython};
-use crate::sandbox::wire::SetupError;
 
 /// The Python side of the runtime.
 const STUB: &str = include_str!("python_stub.py");
@@ -618,15 +617,15 @@ struct StubInput<'a> {
 /// hundred pages in all; done here, that is spent while the sandbox waits, not between a job's
 /// request and its program. The launcher is already hardened and no job exists yet; it takes
 /// exactly one job, so what is seeded here is still that job's alone.
-pub fn prepare() -> Result<(), SetupError> {
+pub fn prepare() -> Result<(), String> {
     let Some(py) = LOADED.get() else {
         return Ok(());
     };
     py.after_fork_child();
     if py.run(c"__import__('_forkbox_warm').prepare()\n") != 0 {
-        return Err(SetupError::new(
-            "preparing the warm interpreter failed (its traceback is on the zygote's stderr)",
-        ));
+        return Err(
+            "the warm interpreter's preparation in the sandbox raised an exception".to_owned(),
+        );
     }
     Ok(())
 }
