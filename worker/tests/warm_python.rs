@@ -909,3 +909,84 @@ fn run_with_the_runtime_starts_only_the_runtimes_zygote() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n");
     assert_eq!(zygotes.len(), 1, "zygotes started: {zygotes:?}");
 }
+
+/// Host pids of the waiting launchers below this process: pid 2 of their own pid namespace,
+/// with the seccomp filter on (a sandbox's init is pid 1 and has none).
+fn waiting_launchers() -> Vec<i32> {
+    let me = std::process::id() as i32;
+    let parent_of = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        if field("NSpid:").last() != Some(&"2") || field("Seccomp:") != ["2"] {
+            continue;
+        }
+        let (mut p, mut hops) = (pid, 0);
+        while let Some(up) = parent_of(p).filter(|&up| up > 1 && hops < 8) {
+            if up == me {
+                found.push(pid);
+                break;
+            }
+            (p, hops) = (up, hops + 1);
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_to_a_waiting_launcher_never_reaches_the_next_job() {
+    let engine = tokio::task::spawn_blocking(|| engine(1)).await.unwrap();
+    let job = warm(&py(&["-c", "print(6*7)"]));
+    let first = engine.run(&job).await;
+    assert_eq!(
+        (first.status.as_str(), first.stdout.as_str()),
+        ("ok", "42\n")
+    );
+    // Until a job arrives, a signal kills a launcher as it would kill a cold one: the zygote
+    // builds another. It must not be caught and kept pending for the job the launcher takes.
+    let mut signalled = Vec::new();
+    for _ in 0..50 {
+        signalled = waiting_launchers();
+        if signalled.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!signalled.is_empty(), "no waiting launcher found");
+    for &pid in &signalled {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGINT,
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let o = engine.run(&job).await;
+        assert_eq!(
+            (o.status.as_str(), o.exit_code, o.stdout.as_str()),
+            ("ok", 0, "42\n"),
+            "after SIGINT to launchers {signalled:?}: {}",
+            o.stderr
+        );
+    }
+}

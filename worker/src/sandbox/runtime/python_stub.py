@@ -64,8 +64,8 @@ def prepare():
     with open(os.devnull, "w", encoding="utf-8", errors="strict", newline="\n") as stream:
         stream.write("")
     exec(compile("pass", "<string>", "exec"), {"__builtins__": builtins})
-    # The launcher resets every disposition before the job; the job's start sets these again.
-    _python_signals()
+    # Python's signal handlers are not installed here: a signal caught while the sandbox waits
+    # would stay pending into the job. Until the job, a signal kills the launcher as before.
     _release_zygote_stdio()
     gc.collect()
 
@@ -180,12 +180,13 @@ def _flush_std(report=True):
 
 
 def _become_process(plan):
+    # The job's streams first, so anything that fails from here on is reported on them.
+    _open_stdio(plan["unbuffered"])
     tz = os.environ.get("TZ")
     _set_environ(plan["env"])
     if "time" in sys.modules and os.environ.get("TZ") != tz:
         sys.modules["time"].tzset()
     _python_signals()
-    _open_stdio(plan["unbuffered"])
     sys.argv = list(plan["argv"])
     sys.orig_argv = list(plan["orig_argv"])
     sys.dont_write_bytecode = plan["dont_write_bytecode"]
