@@ -3,6 +3,9 @@
 `warm_up` runs once in the zygote, before any sandbox exists: it imports the preload list and
 reports what it loaded. It never sees a job, a credential or anything a job sent.
 
+`prepare` runs once in each sandbox's launcher, after it hardened itself and before the sandbox
+is announced ready: the interpreter's job-independent after-fork work, off the job's clock.
+
 `run` runs in a sandbox's launcher after every isolation step a cold job gets (namespaces,
 root, rlimits, no_new_privs, no capabilities, the seccomp filter, closed descriptors). It turns
 the forked, already-initialised interpreter into the job's `python3 ...` process: the job's
