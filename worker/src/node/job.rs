@@ -145,21 +145,24 @@ impl Shared {
         // result to be stored: the outbox reads the next entry with it on the completion's
         // round trip, or gives it back to the reader; otherwise it goes back to the reader now.
         ::metrics::gauge!(m::SLOTS_BUSY).decrement(1.0);
+        let finished_at_ms = forkbox_queue::now_ms();
+        self.board.finish(&d.queue, &d.id);
+        record_run(&d.queue, &outcome);
+        let killed = killed.load(Ordering::Relaxed);
+        // The admission is kept until the sandbox is known to be alive: a run that failed
+        // because the zygote died under it must not let the reader take another entry before
+        // the node has noticed and stopped reading (it would hand that one back too).
+        let sandbox_alive = match SandboxCheck::after(outcome.status, killed) {
+            SandboxCheck::Skip => true,
+            SandboxCheck::Now => self.life.sandbox.alive(),
+            SandboxCheck::Settled => self.life.sandbox.alive_after_failure().await,
+        };
         let mut admission = Some(admission);
         if !self.intake.reads_with_completions
             || matches!(outcome.status, Status::Error | Status::Invalid)
         {
             drop(admission.take());
         }
-        let finished_at_ms = forkbox_queue::now_ms();
-        self.board.finish(&d.queue, &d.id);
-        record_run(&d.queue, &outcome);
-        let killed = killed.load(Ordering::Relaxed);
-        let sandbox_alive = match SandboxCheck::after(outcome.status, killed) {
-            SandboxCheck::Skip => true,
-            SandboxCheck::Now => self.life.sandbox.alive(),
-            SandboxCheck::Settled => self.life.sandbox.alive_after_failure().await,
-        };
         let max = d.max_attempts(self.config.queue.max_attempts);
         let decided = disposition(&Ran {
             status: outcome.status,
