@@ -33,7 +33,9 @@ want='cargo build --release -p forkbox'
 grep -q "$want" "$DOCKER/Dockerfile" || { echo "FAIL: Dockerfile does not run '$want'"; failed=1; }
 if [ -f "$REPO/Makefile" ] && grep -Eq 'build +--release' "$REPO/Makefile"; then
     # shellcheck disable=SC2016  # $(CARGO) is Makefile text, not a shell expansion
-    if sed 's/\$(CARGO)/cargo/g; s/\${CARGO}/cargo/g' "$REPO/Makefile" | grep -q "$want"; then
+    # Not `sed | grep -q`: under pipefail, grep leaving at the first match can kill sed with
+    # SIGPIPE and fail the pipeline although the line is there.
+    if grep -q "$want" < <(sed 's/\$(CARGO)/cargo/g; s/\${CARGO}/cargo/g' "$REPO/Makefile"); then
         echo "ok: Dockerfile and Makefile both build with '$want'"
     else
         echo "FAIL: the Makefile's release build is not '$want':"; grep -E 'build +--release' "$REPO/Makefile"; failed=1
