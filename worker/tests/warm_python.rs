@@ -19,10 +19,14 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
 
 fn engine(slots: usize) -> Engine {
+    engine_with(slots, PythonSettings::default())
+}
+
+fn engine_with(slots: usize, python: PythonSettings) -> Engine {
     let engine = Engine::start(EngineConfig {
         zygote_exe: BIN.into(),
         slots,
-        python: Some(PythonSettings::default()),
+        python: Some(python),
         ..EngineConfig::default()
     })
     .expect("engine");
@@ -461,13 +465,7 @@ async fn numpy_preloaded_is_reseeded_for_each_warm_job() {
     let engine = tokio::task::spawn_blocking(move || {
         let mut settings = settings;
         settings.preload.push("numpy".into());
-        Engine::start(EngineConfig {
-            zygote_exe: BIN.into(),
-            slots: 2,
-            python: Some(settings),
-            ..EngineConfig::default()
-        })
-        .expect("engine")
+        engine_with(2, settings)
     })
     .await
     .unwrap();
