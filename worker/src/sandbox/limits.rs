@@ -123,8 +123,10 @@ pub fn rlimits(limits: &EffectiveLimits, memory: MemoryEnforcement) -> Vec<Rlimi
 const STDERR_TAIL: usize = 16 * 1024;
 
 /// What runtimes print when an allocation fails, lowercased: CPython (`MemoryError`), V8
-/// ("JavaScript heap out of memory", "Fatal process out of memory"), C++ (`std::bad_alloc`),
-/// the JVM (`java.lang.OutOfMemoryError`), Go ("runtime: out of memory"), Ruby
+/// ("JavaScript heap out of memory", "Fatal process out of memory"), C++ (`std::bad_alloc`;
+/// and libstdc++'s "terminate called recursively", all that is left when two threads fail an
+/// allocation at once: the second aborts the process while the first is still printing), the
+/// JVM (`java.lang.OutOfMemoryError`), Go ("runtime: out of memory"), Ruby
 /// (`NoMemoryError: failed to allocate memory`), Perl ("Out of memory!"), BEAM ("Cannot
 /// allocate N bytes of memory"), glibc's and bash's `ENOMEM` text ("Cannot allocate memory").
 const OUT_OF_MEMORY_MARKS: &[&str] = &[
@@ -134,6 +136,7 @@ const OUT_OF_MEMORY_MARKS: &[&str] = &[
     "outofmemoryerror",
     "failed to allocate memory",
     "cannot allocate",
+    "terminate called recursively",
 ];
 
 /// Whether a program bounded by `RLIMIT_DATA` clearly ended because its memory ran out. Clear
@@ -239,6 +242,13 @@ mod tests {
                 true,
                 b"terminate called after throwing 'std::bad_alloc'\n",
                 near,
+                true,
+            ),
+            // node at RLIMIT_DATA, two threads failing at once (seen in an emulated guest).
+            (
+                true,
+                b"terminate called recursively\nAborted\n",
+                107 * 1024,
                 true,
             ),
             (true, b"fatal error: runtime: out of memory\n", near, true),
