@@ -2,16 +2,20 @@
 //! output cap, its cancel, its cgroup's CPU time) and the kills it sends, until the job is
 //! over; what it saw goes to [`super::outcome::fold`].
 
+use std::future::Future;
+use std::pin::Pin;
+
 use forkbox_queue::schema::EffectiveLimits;
 use tokio::sync::mpsc;
 
 use super::cgroup;
 use super::engine::Engine;
-use super::outcome::Kills;
+use super::outcome::{Captured, Kills};
 use super::wire::{Exit, FromZygote, Report, ToZygote};
 
-/// A run's own sources of events, besides the cancel future.
-pub(super) struct RunEvents {
+/// A run's own sources of events, besides the cancel future. The report and output reads are
+/// futures the event loop polls itself (see [`super::output`]).
+pub(super) struct RunEvents<'a, R, C> {
     pub req: u64,
     /// The zygote's events for this run.
     pub events: mpsc::UnboundedReceiver<FromZygote>,
@@ -20,7 +24,9 @@ pub(super) struct RunEvents {
     /// Fires when stdout or stderr goes past the cap.
     pub over: mpsc::UnboundedReceiver<()>,
     /// Reads the init's report.
-    pub report: tokio::task::JoinHandle<Vec<u8>>,
+    pub report: R,
+    /// Reads stdout and stderr; polled here until both close, and by the caller after.
+    pub capture: Pin<&'a mut C>,
 }
 
 /// What a run's event loop saw, for [`super::outcome::fold`].
@@ -31,6 +37,8 @@ pub(super) struct Watched {
     pub cpu_at_report_us: Option<u64>,
     /// The job's cgroup, placed at the hand-over or on the zygote's `Assigned`.
     pub cgroup: Option<cgroup::JobCgroup>,
+    /// stdout and stderr, when both closed before the loop ended.
+    pub captured: Option<(Captured, Captured)>,
 }
 
 impl Engine {
@@ -39,19 +47,26 @@ impl Engine {
     /// for the init's report and (with a cgroup, or after a kill) the zygote's exit event.
     /// An error means the job did not run to an outcome (a failed placement, the zygote
     /// gone); the caller's kill guard then ends the sandbox.
-    pub(super) async fn watch(
+    pub(super) async fn watch<R, C>(
         &self,
-        run: RunEvents,
+        run: RunEvents<'_, R, C>,
         limits: &EffectiveLimits,
         cancel: impl std::future::Future<Output = ()>,
-    ) -> Result<Watched, String> {
+    ) -> Result<Watched, String>
+    where
+        R: Future<Output = Vec<u8>>,
+        C: Future<Output = (Captured, Captured)>,
+    {
         let RunEvents {
             req,
             mut events,
             mut cgroup,
             over: mut over_rx,
-            report: mut report_task,
+            report,
+            mut capture,
         } = run;
+        let mut report_read = std::pin::pin!(report);
+        let mut captured = None;
         let mut kills = Kills::default();
         // With a cgroup, the CPU time of all the job's processes together is held to its
         // budget: cpu.max lets it use at most one CPU, so the budget cannot run out before as
@@ -91,13 +106,14 @@ impl Engine {
                     None if report.is_some() => exit = Some(Exit::default()),
                     None => return Err("the sandbox zygote died during the job".into()),
                 },
-                bytes = &mut report_task, if report_pending => {
+                bytes = &mut report_read, if report_pending => {
                     report_pending = false;
-                    report = serde_json::from_slice(&bytes.unwrap_or_default()).ok();
+                    report = serde_json::from_slice(&bytes).ok();
                     // The job's CPU time as the program ended: the sandbox's teardown, charged
                     // to the cgroup afterwards, is not the job's.
                     cpu_at_report_us = cgroup.as_ref().and_then(|cg| cg.cpu_usage_us());
                 }
+                out = &mut capture, if captured.is_none() => captured = Some(out),
                 Some(()) = over_rx.recv(), if !kills.output => {
                     kills.output = true;
                     self.send(ToZygote::Kill { req });
@@ -130,7 +146,7 @@ impl Engine {
             }
         }
         if report_pending {
-            report = serde_json::from_slice(&report_task.await.unwrap_or_default()).ok();
+            report = serde_json::from_slice(&report_read.await).ok();
         }
         Ok(Watched {
             report,
@@ -138,6 +154,7 @@ impl Engine {
             kills,
             cpu_at_report_us,
             cgroup,
+            captured,
         })
     }
 }

@@ -1,55 +1,53 @@
 //! Capture of a job's stdout and stderr: read as they come, with a cap each.
+//!
+//! The reads are futures that the run's own task polls beside its event loop rather than tasks
+//! of their own: a spawned task per pipe cost every job wake-ups of the runtime's other worker
+//! threads and a hand-back through its join handle on the path from the program's exit to its
+//! result.
 
+use std::future::Future;
 use std::os::fd::OwnedFd;
 
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 use super::outcome::Captured;
 
-/// A job's stdout and stderr, each read by a task of its own.
-pub(super) struct Capture {
-    stdout: JoinHandle<(Vec<u8>, bool)>,
-    stderr: JoinHandle<(Vec<u8>, bool)>,
-}
-
-impl Capture {
-    /// Starts reading both pipes, at most `cap` bytes each, sending chunks to `live` as they
-    /// come; the receiver fires when either goes past the cap.
-    pub fn start(
-        stdout: OwnedFd,
-        stderr: OwnedFd,
-        cap: u64,
-        live: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> (Capture, mpsc::UnboundedReceiver<()>) {
-        let (over_tx, over_rx) = mpsc::unbounded_channel::<()>();
-        let capture = Capture {
-            stdout: tokio::spawn(read_capped(
-                stdout,
-                cap,
-                over_tx.clone(),
-                OutputStream::Stdout,
-                live.clone(),
-            )),
-            stderr: tokio::spawn(read_capped(
-                stderr,
-                cap,
-                over_tx,
-                OutputStream::Stderr,
-                live,
-            )),
-        };
-        (capture, over_rx)
-    }
-
-    /// What was captured, once both pipes have closed.
-    pub async fn finish(self) -> (Captured, Captured) {
-        let captured = |(bytes, truncated): (Vec<u8>, bool)| Captured { bytes, truncated };
-        let stdout = self.stdout.await.unwrap_or_default();
-        let stderr = self.stderr.await.unwrap_or_default();
-        (captured(stdout), captured(stderr))
-    }
+/// Starts reading both pipes, at most `cap` bytes each, sending chunks to `live` as they come;
+/// the future ends with what was captured once both pipes have closed, and the receiver fires
+/// when either goes past the cap. The future reads only while it is polled.
+pub(super) fn capture(
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+    cap: u64,
+    live: Option<mpsc::UnboundedSender<OutputChunk>>,
+) -> (
+    impl Future<Output = (Captured, Captured)>,
+    mpsc::UnboundedReceiver<()>,
+) {
+    let (over_tx, over_rx) = mpsc::unbounded_channel::<()>();
+    let out = read_capped(
+        stdout,
+        cap,
+        over_tx.clone(),
+        OutputStream::Stdout,
+        live.clone(),
+    );
+    let err = read_capped(stderr, cap, over_tx, OutputStream::Stderr, live);
+    let both = async move {
+        let ((o, o_cut), (e, e_cut)) = tokio::join!(out, err);
+        (
+            Captured {
+                bytes: o,
+                truncated: o_cut,
+            },
+            Captured {
+                bytes: e,
+                truncated: e_cut,
+            },
+        )
+    };
+    (both, over_rx)
 }
 
 /// Which output a chunk came from.

@@ -11,7 +11,7 @@ use super::engine::Engine;
 use super::event_loop::RunEvents;
 use super::events::Unregister;
 use super::outcome::{self, Observed, Terms};
-use super::output::{read_all, Capture, OutputChunk};
+use super::output::{self, read_all, OutputChunk};
 use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
 use super::wire::{Payload, ToZygote};
 use super::{collect, limits, mono_ns};
@@ -201,28 +201,33 @@ impl Engine {
             armed: true,
         };
 
-        let (capture, over_rx) = Capture::start(stdout_r, stderr_r, limits.output_bytes, output);
+        let (capture, over_rx) = output::capture(stdout_r, stderr_r, limits.output_bytes, output);
+        let mut capture = std::pin::pin!(capture);
         // The report carries the collected files, encoded, and a few fixed fields.
-        let report_task = tokio::spawn(read_all(
+        let report = read_all(
             report_r,
             collect::encoded_bound(inner.config.collect_max_bytes).saturating_add(64 * 1024),
-        ));
+        );
 
-        let watched = self
+        let mut watched = self
             .watch(
                 RunEvents {
                     req,
                     events,
                     cgroup: cgroup_job,
                     over: over_rx,
-                    report: report_task,
+                    report,
+                    capture: capture.as_mut(),
                 },
                 &limits,
                 cancel,
             )
             .await?;
         kill_guard.armed = false;
-        let (stdout, stderr) = capture.finish().await;
+        let (stdout, stderr) = match watched.captured.take() {
+            Some(both) => both,
+            None => capture.await,
+        };
         let accounting = watched.cgroup.and_then(|cg| {
             cg.finish()
                 .map_err(|e| tracing::warn!("job cgroup left behind: {e}"))
