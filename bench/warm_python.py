@@ -103,7 +103,12 @@ def tree_cpu_s(pid: int) -> float:
         except OSError:
             continue
         total += sum(int(x) for x in fields[11:15]) / CLK_TCK
-        for task in Path(f"/proc/{p}/task").iterdir():
+        try:
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except OSError:
+            # It exited after its stat was read: its CPU is counted, it has no children left.
+            continue
+        for task in tasks:
             try:
                 stack += [int(c) for c in (task / "children").read_text().split()]
             except OSError:
