@@ -80,6 +80,23 @@ class Trace:
         return None
 
 
+FAULT_KINDS = (
+    ("copy-on-write", {"do_wp_page", "wp_page_copy", "do_huge_pmd_wp_page"}),
+    ("file", {"filemap_map_pages", "filemap_fault", "do_read_fault", "do_cow_fault",
+              "do_shared_fault"}),
+    ("new memory", {"do_anonymous_page", "do_huge_pmd_anonymous_page"}),
+)
+
+
+def fault_kind(frames):
+    """What a page fault's sample was doing: the innermost frame naming a kind decides."""
+    for f in frames:
+        for kind, names in FAULT_KINDS:
+            if f in names:
+                return kind
+    return "other"
+
+
 def kernel_entry(frames):
     """The outermost syscall of a kernel stack, 'page fault', or None for user time."""
     entry = None
@@ -104,6 +121,8 @@ def main():
     roles = {}
     per_role = collections.Counter()
     sandbox_entries = collections.Counter()
+    zygote_entries = collections.Counter()
+    sandbox_faults = collections.Counter()
     total = 0
     for comm, pid, period, frames in trace.samples:
         total += period
@@ -122,8 +141,11 @@ def main():
         else:
             role = "other"
         per_role[role] += period
-        if role == "sandbox":
-            sandbox_entries[kernel_entry(frames) or "user space"] += period
+        if role in ("sandbox", "zygote"):
+            entry = kernel_entry(frames) or "user space"
+            (sandbox_entries if role == "sandbox" else zygote_entries)[entry] += period
+            if role == "sandbox" and entry == "page fault":
+                sandbox_faults[fault_kind(frames)] += period
 
     def us(ns):
         return round(ns / 1e3 / a.jobs, 1)
@@ -134,6 +156,8 @@ def main():
         "cpu_s": round(total / 1e9, 3),
         "us_per_job": {r: us(v) for r, v in per_role.most_common()},
         "sandbox_us_per_job": {e: us(v) for e, v in sandbox_entries.most_common(10)},
+        "sandbox_page_faults_us_per_job": {k: us(v) for k, v in sandbox_faults.most_common()},
+        "zygote_us_per_job": {e: us(v) for e, v in zygote_entries.most_common(10)},
     }, indent=1))
 
 
