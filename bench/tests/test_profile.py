@@ -74,39 +74,25 @@ def test_samples_go_to_their_roles_per_job():
     assert r["sandbox_us_per_job"] == {"mount": 125.0, "page fault": 125.0, "user space": 125.0}
 
 
+
+def sample(pid, period, kernel, user):
+    """One sample as `perf script` prints it: kernel frames innermost first, then the user's."""
+    frames = "".join(f"\tffffffff8400 {f} ([kernel.kallsyms])\n" for f in kernel)
+    return f"forkbox   {pid}/{pid}     {period} \n{frames}\t5555 {user} (/usr/bin/forkbox)\n\n"
+
+
 def test_sandbox_page_faults_are_split_by_kind_and_the_zygote_by_entry():
-    lines = TRANSCRIPT.split("forkbox-loadgen   100/100     250000")[0]
-    samples = """\
-forkbox   104/104     500000 
-\tffffffff8400 wp_page_copy ([kernel.kallsyms])
-\tffffffff8401 do_wp_page ([kernel.kallsyms])
-\tffffffff8402 handle_mm_fault ([kernel.kallsyms])
-\tffffffff8403 exc_page_fault ([kernel.kallsyms])
-\t5555 PyDict_GetItem (/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0)
-
-forkbox   104/104     250000 
-\tffffffff8400 next_uptodate_folio ([kernel.kallsyms])
-\tffffffff8401 filemap_map_pages ([kernel.kallsyms])
-\tffffffff8402 do_read_fault ([kernel.kallsyms])
-\tffffffff8403 exc_page_fault ([kernel.kallsyms])
-\t5555 forkbox::sandbox::init::launch (/usr/bin/forkbox)
-
-forkbox   104/104     250000 
-\tffffffff8400 clear_page_erms ([kernel.kallsyms])
-\tffffffff8401 do_anonymous_page ([kernel.kallsyms])
-\tffffffff8403 exc_page_fault ([kernel.kallsyms])
-\t5555 malloc (/usr/lib/x86_64-linux-gnu/libc.so.6)
-
-forkbox   102/102     500000 
-\tffffffff8200 insert_header ([kernel.kallsyms])
-\tffffffff8201 __x64_sys_unshare ([kernel.kallsyms])
-\t5555 forkbox::sandbox::netns::create (/usr/bin/forkbox)
-
-forkbox   102/102     250000 
-\t5555 forkbox::sandbox::zygote::Zygote::replenish (/usr/bin/forkbox)
-
-"""
-    out = subprocess.run([sys.executable, PROFILE, "--jobs", "1"], input=lines + samples,
+    events = TRANSCRIPT.split("forkbox-loadgen   100/100     250000")[0]
+    fault = ["handle_mm_fault", "exc_page_fault"]
+    samples = "".join([
+        sample(104, 500000, ["wp_page_copy", "do_wp_page", *fault], "PyDict_GetItem"),
+        sample(104, 250000, ["next_uptodate_folio", "filemap_map_pages", "do_read_fault", *fault],
+               "forkbox::sandbox::init::launch"),
+        sample(104, 250000, ["clear_page_erms", "do_anonymous_page", *fault], "malloc"),
+        sample(102, 500000, ["insert_header", "__x64_sys_unshare"], "forkbox::sandbox::netns::create"),
+        sample(102, 250000, [], "forkbox::sandbox::zygote::Zygote::replenish"),
+    ])
+    out = subprocess.run([sys.executable, PROFILE, "--jobs", "1"], input=events + samples,
                          capture_output=True, text=True, check=True).stdout
     r = json.loads(out)
     assert r["sandbox_page_faults_us_per_job"] == {
