@@ -74,7 +74,6 @@ def test_samples_go_to_their_roles_per_job():
     assert r["sandbox_us_per_job"] == {"mount": 125.0, "page fault": 125.0, "user space": 125.0}
 
 
-
 def sample(pid, period, kernel, user):
     """One sample as `perf script` prints it: kernel frames innermost first, then the user's."""
     frames = "".join(f"\tffffffff8400 {f} ([kernel.kallsyms])\n" for f in kernel)

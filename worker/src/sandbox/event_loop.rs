@@ -51,7 +51,7 @@ impl Engine {
         &self,
         run: RunEvents<'_, R, C>,
         limits: &EffectiveLimits,
-        cancel: impl std::future::Future<Output = ()>,
+        cancel: impl Future<Output = ()>,
     ) -> Result<Watched, String>
     where
         R: Future<Output = Vec<u8>>,

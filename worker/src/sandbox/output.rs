@@ -34,19 +34,7 @@ pub(super) fn capture(
         live.clone(),
     );
     let err = read_capped(stderr, cap, over_tx, OutputStream::Stderr, live);
-    let both = async move {
-        let ((o, o_cut), (e, e_cut)) = tokio::join!(out, err);
-        (
-            Captured {
-                bytes: o,
-                truncated: o_cut,
-            },
-            Captured {
-                bytes: e,
-                truncated: e_cut,
-            },
-        )
-    };
+    let both = async move { tokio::join!(out, err) };
     (both, over_rx)
 }
 
@@ -75,7 +63,7 @@ async fn read_capped(
     over: mpsc::UnboundedSender<()>,
     stream: OutputStream,
     live: Option<mpsc::UnboundedSender<OutputChunk>>,
-) -> (Vec<u8>, bool) {
+) -> Captured {
     let forward = |data: &[u8]| {
         if let (Some(tx), false) = (&live, data.is_empty()) {
             let _ = tx.send(OutputChunk {
@@ -85,7 +73,7 @@ async fn read_capped(
         }
     };
     let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return (Vec::new(), false);
+        return Captured::default();
     };
     // One byte past the cap is read to tell "exactly the cap" from "more than the cap"; the
     // bytes land straight in `out` (no zeroed scratch buffer, no second copy).
@@ -97,13 +85,21 @@ async fn read_capped(
         // At most the cap so far (more returns below), so truncating keeps `before..` valid.
         let before = out.len();
         match (&mut rx).take(want as u64).read_buf(&mut out).await {
-            Ok(0) | Err(_) => return (out, false),
+            Ok(0) | Err(_) => {
+                return Captured {
+                    bytes: out,
+                    truncated: false,
+                }
+            }
             Ok(_) if out.len() > cap as usize => {
                 out.truncate(cap as usize);
                 forward(&out[before..]);
                 let _ = over.send(());
                 drain(&mut rx).await;
-                return (out, true);
+                return Captured {
+                    bytes: out,
+                    truncated: true,
+                };
             }
             Ok(_) => forward(&out[before..]),
         }
