@@ -162,6 +162,50 @@ fn one_sandbox_leaves_nothing_for_the_next() {
     }
 }
 
+/// The root and `/dev` come from the zygote's template, shared by every sandbox it builds: no
+/// job can change them (read-only, no capability to remount), so none can leave anything
+/// there for the next one. `/dev/shm` is the job's own disk.
+#[test]
+fn the_shared_root_template_cannot_be_changed_by_a_job() {
+    // /dev/shm is left out (the job's own disk, changed below), and so is /proc (its link
+    // count follows the host's processes).
+    let listing = "ls -la --time-style=+ / /dev | grep -v -e ' shm$' -e ' proc$' | sha256sum";
+    // The remounts and the unmount first: the writes after them must still be refused.
+    let attempts = "mount -o remount,rw / 2>/dev/null; mount -o remount,rw /dev/null 2>/dev/null; \
+                    umount /tmp 2>/dev/null; umount -l /dev 2>/dev/null; \
+                    for p in /x /dev/x /dev/shm/../x; do touch $p 2>&1; done; \
+                    mkdir /dev/d 2>&1; ln -s / /dev/l 2>&1; mknod /dev/n p 2>&1; \
+                    rm -f /dev/null 2>&1; touch /dev/shm/ok && echo shm";
+    for who in identities() {
+        let before = run_json(who, &[], listing);
+        let tried = run_json(who, &[], &format!("{listing}; {attempts}; {listing}"));
+        let after = run_json(who, &[], listing);
+        let out = tried.stdout();
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines.first(),
+            Some(&before.stdout().trim_end()),
+            "{who:?}: {out}"
+        );
+        assert_eq!(
+            lines.last(),
+            lines.first(),
+            "{who:?}: changed in the job: {out}"
+        );
+        assert_eq!(
+            after.stdout(),
+            before.stdout(),
+            "{who:?}: left for the next job"
+        );
+        assert_eq!(lines[lines.len() - 2], "shm", "{who:?}: {out}");
+        assert_eq!(
+            out.matches("Read-only file system").count(),
+            7,
+            "{who:?}: every write to the root or /dev refused: {out}"
+        );
+    }
+}
+
 #[test]
 fn proc_network_and_host_paths_are_private() {
     for who in identities() {

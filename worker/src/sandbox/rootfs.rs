@@ -1,15 +1,16 @@
-//! The sandbox's root filesystem, assembled by each init inside its own mount namespace.
+//! The sandbox's root filesystem: a template the zygote builds once, copied by each init into
+//! its own mount namespace.
 //!
 //! Host directories are never exposed writable: each allowlisted directory is a read-only bind
-//! mount on a root tmpfs whose own mount is read-only, and the job writes only to `/tmp`, the
-//! working directory and `/dev` (with `/dev/shm`). Those are directories of one size-capped
-//! tmpfs, the sandbox's *disk*, each bind-mounted writable, so `disk_mb` bounds everything a job
-//! can write, together: RAM a job fills through files is not counted by `RLIMIT_AS`, so
-//! separate caps per directory would have let it hold several times its disk size. Without an
-//! image, the disk is the root tmpfs itself. An unpacked image (`--rootfs`) is instead the lower
-//! layer of an overlay whose upper layer lives on the disk, so the job may change it in RAM. The
-//! old root is detached after `pivot_root`, so nothing of the host outside the allowlist
-//! (`/home`, `/root`, `/run`, `/var`, `/srv`, ...) is reachable.
+//! mount on a small root tmpfs, the *template* ([`build_template`]), whose superblock and mount
+//! are read-only, and the job writes only to `/tmp`, the working directory and `/dev/shm`.
+//! Those are directories of one size-capped tmpfs, the sandbox's *disk*, each bind-mounted
+//! writable, so `disk_mb` bounds everything a job can write, together: RAM a job fills through
+//! files is not counted by `RLIMIT_AS`, so separate caps per directory would have let it hold
+//! several times its disk size. An unpacked image (`--rootfs`) is instead the lower layer of
+//! an overlay whose upper layer lives on the disk, so the job may change it in RAM; it has no
+//! template. The old root is detached after `pivot_root`, so nothing of the host outside the
+//! allowlist (`/home`, `/root`, `/run`, `/var`, `/srv`, ...) is reachable.
 //!
 //! Read-only binds rather than overlays for the host directories: a job's root maps to a host
 //! user that owns none of them, so an overlay's writable upper layer would only ever have turned
@@ -98,6 +99,66 @@ pub struct RootPlan<'a> {
     pub disk_mb: u64,
 }
 
+/// Builds the root template in the zygote's own mount namespace, once, before any sandbox:
+/// the root's skeleton (a small tmpfs holding the mount points, the recreated symlinks and
+/// `/dev`), every allowlisted directory bound read-only on it, the device nodes bound in, and
+/// then the tmpfs made read-only, superblock and mount. Each init copies it with one recursive
+/// bind ([`enter`]) instead of building the same tree again; only the disk, `/proc` and the
+/// pivot are its own. An image root (`--rootfs`) has no template: its overlay is per sandbox.
+pub fn build_template(
+    source: &RootSource,
+    staging: &Path,
+    work_dir: &str,
+) -> Result<(), RootfsError> {
+    build_template_with(&Host, source, staging, work_dir)
+}
+
+/// The template's tmpfs: mount points, symlinks and device-node placeholders only, never a
+/// file's contents.
+const TEMPLATE_OPTIONS: &str = "size=1m,nr_inodes=4096,mode=0755";
+
+/// [`build_template`], its mounts made through `k`.
+pub(super) fn build_template_with(
+    k: &impl Syscalls,
+    source: &RootSource,
+    staging: &Path,
+    work_dir: &str,
+) -> Result<(), RootfsError> {
+    let RootSource::Allowlist(dirs) = source else {
+        return Ok(());
+    };
+    let root = staging.join("root");
+    tmpfs(k, &root, TEMPLATE_OPTIONS)?;
+    for dir in dirs {
+        expose(k, dir, &root)?;
+    }
+    let work = work_dir.trim_start_matches('/');
+    for dir in ["dev", "proc", "tmp", work] {
+        let dir = root.join(dir);
+        fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
+    }
+    populate_dev(k, &root.join("dev"))?;
+    // Read-only twice: the superblock (no mount of it anywhere can write), then this mount,
+    // which every sandbox copies with its flags (the kernel locks them in the copy a less
+    // privileged user namespace gets).
+    k.mount(
+        None,
+        &root,
+        None,
+        MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV,
+        Some(TEMPLATE_OPTIONS),
+    )
+    .map_err(fail("remount the template read-only", &root))?;
+    k.mount(
+        None,
+        &root,
+        None,
+        MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV,
+        None,
+    )
+    .map_err(fail("make the template's mount read-only", &root))
+}
+
 /// Builds the root and pivots into it. Runs in the init, in its fresh mount namespace.
 /// Returns a descriptor of `/proc/sys` on the writable proc mount, which the job cannot reach
 /// (its `/proc/sys` is a read-only mount on top), for the init to set the sandbox's own
@@ -107,10 +168,9 @@ pub fn enter(plan: &RootPlan<'_>) -> Result<OwnedFd, RootfsError> {
 }
 
 /// [`enter`], its mounts, pivot and detach made through `k`. The steps, in order: make every
-/// mount private; mount the root (a tmpfs with the allowlist bound read-only, or an overlay
-/// on the image); make the mount points; bind the writable directories and populate `/dev`;
-/// mount proc and protect its sysctls; pivot; detach the old root; make the root's own mount
-/// read-only.
+/// mount private; the root (a copy of the template, or an overlay on the image); the disk and
+/// the writable directories bound from it; proc, its sysctls protected; pivot; detach the old
+/// root.
 pub(super) fn enter_with(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<OwnedFd, RootfsError> {
     // Private first: nothing we mount may propagate back to the zygote or the host.
     k.mount(
@@ -121,35 +181,89 @@ pub(super) fn enter_with(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<Owned
         None,
     )
     .map_err(fail("make-rprivate", Path::new("/")))?;
+    match plan.source {
+        RootSource::Allowlist(_) => enter_template(k, plan),
+        RootSource::Image(image) => enter_image(k, plan, image),
+    }
+}
+
+/// The allowlist's root: a copy of the zygote's template ([`build_template`]). The template's
+/// mounts came into this namespace locked (a less privileged user namespace's copy), and the
+/// kernel refuses to pivot into a locked mount, so the init binds it once more, recursively:
+/// the copy's top mount is its own, and every mount keeps its read-only, nosuid and nodev
+/// flags, still locked. The disk is a tmpfs of its own, mounted on the staging directory's
+/// `layers` (in the old root, so it disappears from view with it), whose `tmp`, working
+/// directory and `shm` are bound on the root's mount points.
+fn enter_template(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<OwnedFd, RootfsError> {
     let root = plan.staging.join("root");
-    let disk_size = disk_options(plan.disk_mb);
-    // The directory holding the job's writable directories: the root tmpfs itself, or, with an
-    // image, the tmpfs that also holds the overlay's upper layer.
-    let disk = match plan.source {
-        RootSource::Allowlist(dirs) => {
-            tmpfs(k, &root, &format!("{disk_size},mode=0755"))?;
-            for dir in dirs {
-                expose(k, dir, &root)?;
-            }
-            root.clone()
-        }
-        RootSource::Image(image) => {
-            let layers = plan.staging.join("layers");
-            tmpfs(k, &layers, &format!("{disk_size},mode=0700"))?;
-            overlay(k, image, &root, &layers.join("image"))?;
-            layers.join("rw")
-        }
-    };
+    bind(k, &root, &root, MsFlags::MS_REC).map_err(fail("copy the root template", &root))?;
+    let disk = plan.staging.join("layers");
+    tmpfs(
+        k,
+        &disk,
+        &format!("{},mode=0755", disk_options(plan.disk_mb)),
+    )?;
+    writable(k, &disk, "tmp", &root.join("tmp"), 0o1777)?;
+    let work = plan.work_dir.trim_start_matches('/');
+    writable(k, &disk, work, &root.join(work), 0o755)?;
+    // POSIX semaphores and shared memory (Python's multiprocessing) live in /dev/shm.
+    writable(k, &disk, "shm", &root.join("dev/shm"), 0o1777)?;
+    let sysctls = mount_proc(k, &root)?;
+    // The copy's top mount is the current directory, so the pivot needs no mount point for the
+    // old root: it lands on top of the new one, and "." then names it.
+    k.chdir(&root).map_err(fail("chdir", &root))?;
+    let here = Path::new(".");
+    k.pivot_root(here, here)
+        .map_err(fail("pivot_root", &root))?;
+    k.detach(here)
+        .map_err(fail("detach old root", Path::new("/")))?;
+    k.chdir(Path::new("/"))
+        .map_err(fail("chdir", Path::new("/")))?;
+    Ok(sysctls)
+}
+
+/// An image's root: an overlay on the image whose upper layer lives on the disk, built in full
+/// by each init.
+fn enter_image(
+    k: &impl Syscalls,
+    plan: &RootPlan<'_>,
+    image: &Path,
+) -> Result<OwnedFd, RootfsError> {
+    let root = plan.staging.join("root");
+    let layers = plan.staging.join("layers");
+    tmpfs(
+        k,
+        &layers,
+        &format!("{},mode=0700", disk_options(plan.disk_mb)),
+    )?;
+    overlay(k, image, &root, &layers.join("image"))?;
+    let disk = layers.join("rw");
     let work = plan.work_dir.trim_start_matches('/');
     for dir in ["dev", "proc", "tmp", work, OLD_ROOT] {
         let dir = root.join(dir);
         fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     }
-    populate_dev(k, &writable(k, &root, &disk, "dev", 0o755)?)?;
-    writable(k, &root, &disk, "tmp", 0o1777)?;
-    writable(k, &root, &disk, work, 0o755)?;
-    // proc must be mounted while the host's proc is still visible in this namespace (the
-    // kernel refuses a proc mount that would reveal more than an existing one).
+    let dev = root.join("dev");
+    writable(k, &disk, "dev", &dev, 0o755)?;
+    populate_dev(k, &dev)?;
+    writable(k, &disk, "tmp", &root.join("tmp"), 0o1777)?;
+    writable(k, &disk, work, &root.join(work), 0o755)?;
+    let sysctls = mount_proc(k, &root)?;
+    let old = root.join(OLD_ROOT);
+    k.pivot_root(&root, &old)
+        .map_err(fail("pivot_root", &root))?;
+    k.chdir(Path::new("/"))
+        .map_err(fail("chdir", Path::new("/")))?;
+    let old = Path::new("/").join(OLD_ROOT);
+    k.detach(&old).map_err(fail("detach old root", &old))?;
+    k.rmdir(&old).map_err(io_fail("rmdir", &old))?;
+    Ok(sysctls)
+}
+
+/// Mounts a fresh proc on `root/proc` and protects its sysctls. Before the pivot: the kernel
+/// refuses a proc mount that would reveal more than one already in the namespace, so the
+/// host's must still be visible.
+fn mount_proc(k: &impl Syscalls, root: &Path) -> Result<OwnedFd, RootfsError> {
     let proc = root.join("proc");
     k.mount(
         Some(Path::new("proc")),
@@ -159,23 +273,7 @@ pub(super) fn enter_with(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<Owned
         None,
     )
     .map_err(fail("mount proc", &proc))?;
-    let sysctls = protect_proc(k, &proc)?;
-    let old = root.join(OLD_ROOT);
-    k.pivot_root(&root, &old)
-        .map_err(fail("pivot_root", &root))?;
-    k.chdir(Path::new("/"))
-        .map_err(fail("chdir", Path::new("/")))?;
-    let old = Path::new("/").join(OLD_ROOT);
-    k.detach(&old).map_err(fail("detach old root", &old))?;
-    k.rmdir(&old).map_err(io_fail("rmdir", &old))?;
-    if matches!(plan.source, RootSource::Allowlist(_)) {
-        // The root's own mount holds only mount points and symlinks: read-only. The writable
-        // directories are mounts of their own and stay writable.
-        let flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
-        k.mount(None, Path::new("/"), None, flags, None)
-            .map_err(fail("remount root read-only", Path::new("/")))?;
-    }
-    Ok(sysctls)
+    protect_proc(k, &proc)
 }
 
 /// Paths of a sandbox's proc that write kernel state beyond its own processes, made read-only
@@ -211,21 +309,19 @@ fn protect_proc(k: &impl Syscalls, proc: &Path) -> Result<OwnedFd, RootfsError> 
     Ok(sysctls)
 }
 
-/// Makes `disk/rel` (mode `mode`) and binds it writable on `root/rel`; returns the latter.
-/// Without an image the disk is the root, so the directory is bound on itself: it becomes a
-/// mount of its own, which stays writable when the root's mount turns read-only.
+/// Makes `disk/rel` (mode `mode`) and binds it writable on `target`, a mount of its own that
+/// stays writable under a read-only root.
 fn writable(
     k: &impl Syscalls,
-    root: &Path,
     disk: &Path,
     rel: &str,
+    target: &Path,
     mode: u32,
-) -> Result<PathBuf, RootfsError> {
-    let (dir, target) = (disk.join(rel), root.join(rel));
+) -> Result<(), RootfsError> {
+    let dir = disk.join(rel);
     fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     fs::set_permissions(&dir, fs::Permissions::from_mode(mode)).map_err(io_fail("chmod", &dir))?;
-    bind(k, &dir, &target, MsFlags::empty()).map_err(fail("bind", &target))?;
-    Ok(target)
+    bind(k, &dir, target, MsFlags::empty()).map_err(fail("bind", target))
 }
 
 /// Bind-mounts `src` on `target`, with `flags` added to `MS_BIND`.
@@ -381,53 +477,16 @@ mod tests {
     }
 
     #[test]
-    fn the_root_is_built_in_order_without_root() {
+    fn the_template_is_the_allowlist_bound_read_only_then_made_read_only_itself() {
         let (_tmp, staging, dirs) = staging();
         let source = RootSource::Allowlist(dirs.clone());
-        let plan = RootPlan {
-            source: &source,
-            staging: &staging,
-            work_dir: "/work",
-            disk_mb: 16,
-        };
         let k = Recorder::default();
-        enter_with(&k, &plan).expect("recorded set-up");
+        build_template_with(&k, &source, &staging, "/work").expect("recorded template");
         let calls = k.calls();
         let root = staging.join("root");
-        // Private before anything else is mounted.
-        assert_eq!(
-            calls[0],
-            Call::Mount {
-                source: None,
-                target: "/".into(),
-                fstype: None,
-                flags: MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            }
-        );
-        let pivot = position(&calls, "pivot_root", |c| {
-            matches!(c, Call::PivotRoot { .. })
-        });
-        assert_eq!(
-            calls[pivot],
-            Call::PivotRoot {
-                new_root: root.clone(),
-                put_old: root.join(OLD_ROOT),
-            }
-        );
-        // Proc before pivot (the kernel refuses a proc mount once the host's is gone), and its
-        // sysctls opened, then made read-only, before the pivot too.
-        let proc = position(&calls, "mount proc", |c| is_mount_of(c, "proc"));
-        let open_sys = position(&calls, "open /proc/sys", |c| {
-            *c == Call::OpenDirPath(root.join("proc/sys"))
-        });
-        let sys_ro = position(&calls, "read-only /proc/sys", |c| {
-            matches!(c, Call::Mount { target, flags, .. }
-                if *target == root.join("proc/sys") && flags.contains(MsFlags::MS_RDONLY))
-        });
-        assert!(proc < open_sys && open_sys < sys_ro && sys_ro < pivot);
-        // The root tmpfs first; each host directory bound and made read-only (recursively)
-        // before the pivot; the symlink recreated, never bound.
-        let root_tmpfs = position(&calls, "root tmpfs", |c| is_mount_of(c, "tmpfs"));
+        // The skeleton's tmpfs first; each host directory bound and made read-only
+        // (recursively); the symlink recreated, never bound; nothing mounted elsewhere.
+        assert!(is_mount_of(&calls[0], "tmpfs"), "{calls:#?}");
         let usr = root.join(dirs[0].strip_prefix("/").unwrap());
         let bind_usr = position(
             &calls,
@@ -437,35 +496,150 @@ mod tests {
         let ro_usr = position(&calls, "read-only usr", |c| {
             *c == Call::SetAttr(usr.clone())
         });
-        assert!(root_tmpfs < bind_usr && bind_usr < ro_usr && ro_usr < pivot);
+        assert!(bind_usr < ro_usr);
         let bin = root.join(dirs[1].strip_prefix("/").unwrap());
         assert!(fs::symlink_metadata(&bin).unwrap().file_type().is_symlink());
-        // Until the pivot nothing is mounted outside the staging root but "/" made private.
-        for call in &calls[1..pivot] {
+        for call in &calls {
             if let Call::Mount { target, .. } | Call::SetAttr(target) = call {
-                assert!(
-                    target.starts_with(&root),
-                    "{call:?} outside the staging root"
-                );
+                assert!(target.starts_with(&root), "{call:?} outside the template");
             }
         }
-        // After the pivot, in order: into the new root, detach the old one, remove its mount
-        // point, and the root's own mount read-only last.
-        let old = Path::new("/").join(OLD_ROOT);
-        let ro_root = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | NOSUID_NODEV;
+        // The devices bound, the mount points of every sandbox's own mounts made.
+        let null = root.join("dev/null");
+        position(&calls, "bind /dev/null", |c| {
+            matches!(c, Call::Mount { source: Some(s), target, .. }
+                if s == Path::new("/dev/null") && *target == null)
+        });
+        for dir in ["proc", "tmp", "work", "dev/shm"] {
+            assert!(root.join(dir).is_dir(), "no mount point {dir}");
+        }
+        // Read-only last: the superblock, then the mount every sandbox copies.
+        let n = calls.len();
         assert_eq!(
-            calls[pivot + 1..],
+            calls[n - 2..],
             [
-                Call::Chdir("/".into()),
-                Call::Detach(old.clone()),
-                Call::Rmdir(old),
                 Call::Mount {
                     source: None,
-                    target: "/".into(),
+                    target: root.clone(),
                     fstype: None,
-                    flags: ro_root,
+                    flags: MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | NOSUID_NODEV,
+                },
+                Call::Mount {
+                    source: None,
+                    target: root.clone(),
+                    fstype: None,
+                    flags: MsFlags::MS_REMOUNT
+                        | MsFlags::MS_BIND
+                        | MsFlags::MS_RDONLY
+                        | NOSUID_NODEV,
                 },
             ]
+        );
+    }
+
+    #[test]
+    fn an_image_root_has_no_template() {
+        let (tmp, staging, _) = staging();
+        let source = RootSource::Image(tmp.path().join("image"));
+        let k = Recorder::default();
+        build_template_with(&k, &source, &staging, "/work").expect("nothing to build");
+        assert_eq!(k.calls(), []);
+    }
+
+    #[test]
+    fn each_root_is_a_copy_of_the_template_with_a_disk_and_proc_of_its_own() {
+        let (_tmp, staging, dirs) = staging();
+        let source = RootSource::Allowlist(dirs);
+        let plan = RootPlan {
+            source: &source,
+            staging: &staging,
+            work_dir: "/work",
+            disk_mb: 16,
+        };
+        let k = Recorder::default();
+        enter_with(&k, &plan).expect("recorded set-up");
+        let calls = k.calls();
+        let (root, disk) = (staging.join("root"), staging.join("layers"));
+        let mount =
+            |source: Option<&Path>, target: &Path, fstype: Option<&str>, flags| Call::Mount {
+                source: source.map(Path::to_owned),
+                target: target.to_owned(),
+                fstype: fstype.map(str::to_owned),
+                flags,
+            };
+        let here = PathBuf::from(".");
+        assert_eq!(
+            calls,
+            [
+                // Private before anything else is mounted.
+                mount(
+                    None,
+                    Path::new("/"),
+                    None,
+                    MsFlags::MS_REC | MsFlags::MS_PRIVATE
+                ),
+                // The template copied in one recursive bind; then the disk, and its
+                // directories bound writable on the copy's mount points.
+                mount(Some(&root), &root, None, MsFlags::MS_BIND | MsFlags::MS_REC),
+                mount(Some(Path::new("tmpfs")), &disk, Some("tmpfs"), NOSUID_NODEV),
+                mount(
+                    Some(&disk.join("tmp")),
+                    &root.join("tmp"),
+                    None,
+                    MsFlags::MS_BIND
+                ),
+                mount(
+                    Some(&disk.join("work")),
+                    &root.join("work"),
+                    None,
+                    MsFlags::MS_BIND
+                ),
+                mount(
+                    Some(&disk.join("shm")),
+                    &root.join("dev/shm"),
+                    None,
+                    MsFlags::MS_BIND
+                ),
+                // Proc while the host's is still visible, its sysctls opened, then protected.
+                mount(
+                    Some(Path::new("proc")),
+                    &root.join("proc"),
+                    Some("proc"),
+                    NOSUID_NODEV | MsFlags::MS_NOEXEC
+                ),
+                Call::OpenDirPath(root.join("proc/sys")),
+                mount(
+                    Some(&root.join("proc/sys")),
+                    &root.join("proc/sys"),
+                    None,
+                    MsFlags::MS_BIND | MsFlags::MS_REC
+                ),
+                mount(
+                    None,
+                    &root.join("proc/sys"),
+                    None,
+                    MsFlags::MS_REMOUNT
+                        | MsFlags::MS_BIND
+                        | MsFlags::MS_RDONLY
+                        | NOSUID_NODEV
+                        | MsFlags::MS_NOEXEC
+                ),
+                // (No sysrq-trigger under this test's staging root: only the real proc has
+                // one.) Into the copy, pivot with the old root on top of it, and detach that.
+                Call::Chdir(root.clone()),
+                Call::PivotRoot {
+                    new_root: here.clone(),
+                    put_old: here.clone(),
+                },
+                Call::Detach(here),
+                Call::Chdir("/".into()),
+            ]
+        );
+        // The disk's directories: the job's own, with the usual modes.
+        let mode = |d: &str| fs::metadata(disk.join(d)).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(
+            (mode("tmp"), mode("work"), mode("shm")),
+            (0o1777, 0o755, 0o1777)
         );
     }
 

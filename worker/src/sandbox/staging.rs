@@ -1,5 +1,5 @@
-//! The engine's staging directory on the host: the empty mount points the sandboxes mount
-//! their roots on, each in its own mount namespace.
+//! The engine's staging directory on the host: the empty mount points the zygote mounts its
+//! root template on and the sandboxes their disks, each in its own mount namespace.
 
 use std::path::{Path, PathBuf};
 

@@ -38,8 +38,9 @@ pub enum RootSource {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ZygoteConfig {
     pub root: RootSource,
-    /// An empty host directory the inits mount their staging tmpfs on (in their own mount
-    /// namespaces, so the host never sees those mounts).
+    /// A host directory with the empty mount points `root` (the zygote's root template, or an
+    /// image's overlay) and `layers` (each sandbox's disk), mounted on only in the zygote's and
+    /// the sandboxes' own mount namespaces, so the host never sees those mounts.
     pub staging: PathBuf,
     pub work_dir: String,
     pub defaults: EffectiveLimits,

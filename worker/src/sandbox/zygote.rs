@@ -75,6 +75,8 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening),
     // The engine writes the maps; until then the zygote has no identity in its namespace.
     identity::enter_user_namespace(control)?;
     own_namespaces(&Host)?;
+    // In the zygote's own (private) mount namespace, so only its sandboxes see it.
+    super::rootfs::build_template(&cfg.root, &cfg.staging, &cfg.work_dir)?;
     // The watchdog's kills should not queue behind the jobs it watches. Only possible with
     // privilege; sandboxes go back to the normal priority as their first step.
     let _ = sys::set_nice(ZYGOTE_NICE);
