@@ -402,6 +402,12 @@ fn populate_dev(k: &impl Syscalls, dev: &Path) -> Result<(), RootfsError> {
         let (host, node) = (Path::new("/dev").join(name), dev.join(name));
         fs::File::create(&node).map_err(io_fail("create", &node))?;
         bind(k, &host, &node, MsFlags::empty()).map_err(fail("bind device", &host))?;
+        // Read-only: the device still reads and writes (a mount's flag does not apply to
+        // device I/O), but the host's node keeps its timestamps and attributes.
+        let flags =
+            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
+        k.mount(None, &node, None, flags, None)
+            .map_err(fail("make device read-only", &node))?;
     }
     for (name, dest) in [
         ("fd", "/proc/self/fd"),
@@ -504,12 +510,25 @@ mod tests {
                 assert!(target.starts_with(&root), "{call:?} outside the template");
             }
         }
-        // The devices bound, the mount points of every sandbox's own mounts made.
+        // The devices bound, then made read-only (their I/O is not the mount's; their
+        // timestamps are the host's); the mount points of every sandbox's own mounts made.
         let null = root.join("dev/null");
-        position(&calls, "bind /dev/null", |c| {
+        let bind_null = position(&calls, "bind /dev/null", |c| {
             matches!(c, Call::Mount { source: Some(s), target, .. }
                 if s == Path::new("/dev/null") && *target == null)
         });
+        assert_eq!(
+            calls[bind_null + 1],
+            Call::Mount {
+                source: None,
+                target: null.clone(),
+                fstype: None,
+                flags: MsFlags::MS_REMOUNT
+                    | MsFlags::MS_BIND
+                    | MsFlags::MS_RDONLY
+                    | MsFlags::MS_NOSUID,
+            }
+        );
         for dir in ["proc", "tmp", "work", "dev/shm"] {
             assert!(root.join(dir).is_dir(), "no mount point {dir}");
         }
