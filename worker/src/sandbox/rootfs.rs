@@ -471,6 +471,16 @@ mod tests {
         (tmp, staging, vec![host.join("usr"), host.join("bin")])
     }
 
+    /// The plan of a sandbox with a 16 MiB disk working in `/work`.
+    fn plan<'a>(source: &'a RootSource, staging: &'a Path) -> RootPlan<'a> {
+        RootPlan {
+            source,
+            staging,
+            work_dir: "/work",
+            disk_mb: 16,
+        }
+    }
+
     fn position(calls: &[Call], what: &str, matches: impl Fn(&Call) -> bool) -> usize {
         calls
             .iter()
@@ -569,12 +579,7 @@ mod tests {
     fn each_root_is_a_copy_of_the_template_with_a_disk_and_proc_of_its_own() {
         let (_tmp, staging, dirs) = staging();
         let source = RootSource::Allowlist(dirs);
-        let plan = RootPlan {
-            source: &source,
-            staging: &staging,
-            work_dir: "/work",
-            disk_mb: 16,
-        };
+        let plan = plan(&source, &staging);
         let k = Recorder::default();
         enter_with(&k, &plan).expect("recorded set-up");
         let calls = k.calls();
@@ -668,12 +673,7 @@ mod tests {
         let image = tmp.path().join("image");
         fs::create_dir_all(image.join("bin")).unwrap();
         let source = RootSource::Image(image.clone());
-        let plan = RootPlan {
-            source: &source,
-            staging: &staging,
-            work_dir: "/work",
-            disk_mb: 16,
-        };
+        let plan = plan(&source, &staging);
         let k = Recorder::default();
         enter_with(&k, &plan).expect("recorded set-up");
         let calls = k.calls();
@@ -699,12 +699,7 @@ mod tests {
     fn a_refused_step_stops_the_set_up_and_names_itself() {
         let (_tmp, staging, dirs) = staging();
         let source = RootSource::Allowlist(dirs);
-        let plan = RootPlan {
-            source: &source,
-            staging: &staging,
-            work_dir: "/work",
-            disk_mb: 16,
-        };
+        let plan = plan(&source, &staging);
         let k = Recorder {
             fail: Some(|c| is_mount_of(c, "proc")),
             ..Recorder::default()
