@@ -21,11 +21,13 @@ pub struct SandboxOpts {
     #[arg(long, value_name = "DIR")]
     #[serde(skip)]
     pub rootfs: Option<PathBuf>,
-    /// Host directories exposed read-only (bind mounts), comma-separated.
+    /// Host directories exposed read-only (bind mounts), comma-separated: absolute paths of
+    /// directories (or symlinks, recreated as such), never `/` itself.
     #[arg(
         long,
         value_name = "DIRS",
         value_delimiter = ',',
+        value_parser = allow_entry,
         conflicts_with = "rootfs"
     )]
     #[serde(skip)]
@@ -136,6 +138,33 @@ impl SandboxOpts {
             cfg.root = RootSource::Allowlist(dirs.clone());
         }
         cfg
+    }
+}
+
+/// One `--allow` entry, refused with the reason unless it is an absolute path below `/`
+/// without `..` that names a directory or a symlink (a merged-/usr `/bin`, recreated as a
+/// symlink): a file or a missing path would otherwise be left out of the root without a word,
+/// and `/` would hand the sandbox the whole host.
+fn allow_entry(s: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(s);
+    if !path.is_absolute() {
+        return Err("not an absolute path".into());
+    }
+    if path.parent().is_none() {
+        return Err(
+            "the host's whole root cannot be exposed; name the directories jobs need".into(),
+        );
+    }
+    if path
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err("has a `..` in it; name the directory itself".into());
+    }
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_dir() || m.file_type().is_symlink() => Ok(path),
+        Ok(_) => Err("not a directory (only directories, and symlinks, are exposed)".into()),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -307,4 +336,28 @@ impl JobArgs {
 /// An engine with `slots` slots built from `opts`.
 pub fn start_engine(slots: usize, opts: &SandboxOpts) -> anyhow::Result<Engine> {
     Engine::start(opts.engine_config(slots)).context("starting the sandbox engine")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_entries_are_existing_directories_below_the_root() {
+        assert_eq!(allow_entry("/usr"), Ok(PathBuf::from("/usr")));
+        assert_eq!(allow_entry("/proc/self"), Ok(PathBuf::from("/proc/self")));
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let file = file.path().to_str().unwrap();
+        for (entry, why) in [
+            ("/", "the host's whole root cannot be exposed"),
+            ("//", "the host's whole root cannot be exposed"),
+            ("usr", "not an absolute path"),
+            ("/usr/../home", "has a `..` in it"),
+            (file, "not a directory"),
+            ("/forkbox-no-such-directory", "No such file or directory"),
+        ] {
+            let err = allow_entry(entry).unwrap_err();
+            assert!(err.contains(why), "{entry}: {err}");
+        }
+    }
 }
