@@ -403,10 +403,10 @@ fn populate_dev(k: &impl Syscalls, dev: &Path) -> Result<(), RootfsError> {
         fs::File::create(&node).map_err(io_fail("create", &node))?;
         bind(k, &host, &node, MsFlags::empty()).map_err(fail("bind device", &host))?;
         // Read-only: the device still reads and writes (a mount's flag does not apply to
-        // device I/O), but the host's node keeps its timestamps and attributes.
-        let flags =
-            MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | MsFlags::MS_NOSUID;
-        k.mount(None, &node, None, flags, None)
+        // device I/O), but the host's node keeps its timestamps and attributes. Set, not a
+        // remount: the bind carries the host mount's flags, locked in this user namespace
+        // (`noexec` on some hosts' /dev), and a remount must repeat every one of them.
+        k.mount_setattr_recursive(&node, sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NOSUID)
             .map_err(fail("make device read-only", &node))?;
     }
     for (name, dest) in [
@@ -527,18 +527,7 @@ mod tests {
             matches!(c, Call::Mount { source: Some(s), target, .. }
                 if s == Path::new("/dev/null") && *target == null)
         });
-        assert_eq!(
-            calls[bind_null + 1],
-            Call::Mount {
-                source: None,
-                target: null.clone(),
-                fstype: None,
-                flags: MsFlags::MS_REMOUNT
-                    | MsFlags::MS_BIND
-                    | MsFlags::MS_RDONLY
-                    | MsFlags::MS_NOSUID,
-            }
-        );
+        assert_eq!(calls[bind_null + 1], Call::SetAttr(null.clone()));
         for dir in ["proc", "tmp", "work", "dev/shm"] {
             assert!(root.join(dir).is_dir(), "no mount point {dir}");
         }
