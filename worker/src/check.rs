@@ -203,7 +203,7 @@ pub fn limit_mechanisms(delegation: &Delegation) -> Vec<(&'static str, String)> 
         ("open files", "RLIMIT_NOFILE".into()),
         (
             "disk",
-            "one size-capped tmpfs for /tmp, the work dir, /dev and an image's overlay upper layer"
+            "one size-capped tmpfs for /tmp, the work dir and /dev/shm (with an image, /dev and the overlay's upper layer too)"
                 .into(),
         ),
     ]
