@@ -22,7 +22,7 @@ pub struct SandboxOpts {
     #[serde(skip)]
     pub rootfs: Option<PathBuf>,
     /// Host directories exposed read-only (bind mounts), comma-separated: absolute paths of
-    /// directories (or symlinks, recreated as such), never `/` itself.
+    /// existing directories (or symlinks, recreated as such), never `/` itself.
     #[arg(
         long,
         value_name = "DIRS",
