@@ -530,6 +530,59 @@ pub fn mount_setattr_recursive(path: &Path, set: u64) -> Result<(), Errno> {
     }
 }
 
+/// How many SysV shared memory segments and message queues the calling process's ipc
+/// namespace holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SysvCounts {
+    pub segments: u64,
+    pub queues: u64,
+}
+
+/// [`SysvCounts`] of the calling process's ipc namespace: `shmctl(SHM_INFO)` and
+/// `msgctl(MSG_INFO)`, one system call each, where reading `/proc/sysvipc` opens and formats a
+/// table.
+pub fn sysv_counts() -> Result<SysvCounts, Errno> {
+    /// `SHM_INFO`, which libc does not name.
+    const SHM_INFO: libc::c_int = 14;
+    /// The kernel's `struct shm_info`, which `SHM_INFO` fills.
+    #[repr(C)]
+    #[derive(Default)]
+    struct ShmInfo {
+        used_ids: libc::c_int,
+        shm_tot: libc::c_ulong,
+        shm_rss: libc::c_ulong,
+        shm_swp: libc::c_ulong,
+        swap_attempts: libc::c_ulong,
+        swap_successes: libc::c_ulong,
+    }
+    let mut shm = ShmInfo::default();
+    // SAFETY: with SHM_INFO the kernel writes one `struct shm_info`, which `ShmInfo` lays out
+    // field for field, to the pointer, and keeps nothing; the id argument is ignored.
+    let ret = unsafe { libc::syscall(libc::SYS_shmctl, 0, SHM_INFO, &mut shm as *mut ShmInfo) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: `msginfo` is plain integers, for which all zeroes is a valid value.
+    let mut msg: libc::msginfo = unsafe { std::mem::zeroed() };
+    // SAFETY: with MSG_INFO the kernel writes one `struct msginfo` (libc's, the same layout)
+    // to the pointer and keeps nothing; the id argument is ignored.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_msgctl,
+            0,
+            libc::MSG_INFO,
+            &mut msg as *mut libc::msginfo,
+        )
+    };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    Ok(SysvCounts {
+        segments: shm.used_ids.max(0) as u64,
+        queues: msg.msgpool.max(0) as u64,
+    })
+}
+
 /// Gives every signal, real-time ones included, its default disposition and unblocks them all,
 /// as a freshly started program expects. Ignored signals survive `execve` (the node's runtime
 /// ignores SIGPIPE, and the zygote and launcher inherit that), so without this a job's
@@ -748,6 +801,42 @@ mod tests {
         drop(taken);
         assert_eq!(take_inherited(64).unwrap_err(), Errno::EBADF);
         assert_eq!(take_inherited(-1).unwrap_err(), Errno::EBADF);
+    }
+
+    #[test]
+    fn sysv_counts_see_each_segment_and_queue() {
+        // In an ipc namespace of this thread's own where allowed (root), so that no other
+        // process's objects come and go between the readings.
+        let fresh = nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWIPC).is_ok();
+        let before = sysv_counts().expect("counts");
+        // SAFETY: shmget and msgget take integers and return an id or -1; nothing is mapped.
+        let (shm, msg) = unsafe {
+            (
+                libc::shmget(libc::IPC_PRIVATE, 4096, 0o600 | libc::IPC_CREAT),
+                libc::msgget(libc::IPC_PRIVATE, 0o600 | libc::IPC_CREAT),
+            )
+        };
+        assert!(shm >= 0 && msg >= 0, "{}", Errno::last());
+        let during = sysv_counts().expect("counts");
+        // SAFETY: IPC_RMID with a null buffer removes the object; no memory is passed.
+        unsafe {
+            libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut());
+            libc::msgctl(msg, libc::IPC_RMID, std::ptr::null_mut());
+        }
+        let after = sysv_counts().expect("counts");
+        let none = SysvCounts {
+            segments: 0,
+            queues: 0,
+        };
+        let one = SysvCounts {
+            segments: 1,
+            queues: 1,
+        };
+        if fresh {
+            assert_eq!((before, during, after), (none, one, none));
+        } else {
+            assert!(during.segments > before.segments && during.queues > before.queues);
+        }
     }
 
     #[test]
