@@ -171,8 +171,9 @@ fn the_shared_root_template_cannot_be_changed_by_a_job() {
     // count follows the host's processes).
     let listing = "ls -la --time-style=+ / /dev | grep -v -e ' shm$' -e ' proc$' | sha256sum";
     // The remounts and the unmount first: the writes after them must still be refused.
-    let attempts = "mount -o remount,rw / 2>/dev/null; mount -o remount,rw /dev/null 2>/dev/null; \
-                    umount /tmp 2>/dev/null; umount -l /dev 2>/dev/null; \
+    let attempts = "for m in 'mount -o remount,rw /' 'mount -o remount,rw /dev/null' \
+                             'umount /tmp' 'umount -l /dev/shm'; do \
+                      $m 2>/dev/null && echo \"done: $m\" || echo refused; done; \
                     for p in /x /dev/x /dev/shm/../x; do touch $p 2>&1; done; \
                     mkdir /dev/d 2>&1; ln -s / /dev/l 2>&1; mknod /dev/n p 2>&1; \
                     rm -f /dev/null 2>&1; touch /dev/null 2>&1; chmod 600 /dev/zero 2>&1; \
@@ -189,6 +190,7 @@ fn the_shared_root_template_cannot_be_changed_by_a_job() {
             Some(&before.stdout().trim_end()),
             "{who:?}: {out}"
         );
+        assert_eq!(lines[1..5], ["refused"; 4], "{who:?}: {out}");
         assert_eq!(
             lines.last(),
             lines.first(),
@@ -210,6 +212,35 @@ fn the_shared_root_template_cannot_be_changed_by_a_job() {
             out.matches("Read-only file system").count(),
             9,
             "{who:?}: every write to the root or /dev refused: {out}"
+        );
+    }
+}
+
+/// A node whose umask keeps others out (027 or 077, as hardened hosts and systemd's `UMask=`
+/// set) still makes sandboxes, and their root is the same: the template's directories belong
+/// to the zygote's root, which the sandbox's root is not when the node runs as host root.
+#[test]
+fn a_node_with_a_restrictive_umask_makes_the_same_root() {
+    for who in identities() {
+        let forkbox = match who {
+            Identity::Root => BIN.to_owned(),
+            Identity::Unprivileged => {
+                format!("runuser -u nobody -- {}", unprivileged_bin().display())
+            }
+        };
+        let job = "stat -c %a / /dev /tmp /work; ls /dev/null";
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                &format!("umask 077; {forkbox} run --python-preload none -- sh -c '{job}'"),
+            ])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "755\n755\n1777\n755\n/dev/null\n",
+            "{who:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 }

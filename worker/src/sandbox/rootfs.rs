@@ -40,9 +40,6 @@ use super::wire::SetupError;
 /// Device nodes bound from the host into `/dev`.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
-/// Name of the old root inside the new one, between `pivot_root` and its detach.
-const OLD_ROOT: &str = ".oldroot";
-
 /// A failed isolation step: what was being done, on which path, and the errno.
 #[derive(Debug, thiserror::Error)]
 #[error("{step} {path}: {errno}")]
@@ -110,6 +107,10 @@ pub fn build_template(
     staging: &Path,
     work_dir: &str,
 ) -> Result<(), RootfsError> {
+    // The template's directories and symlinks belong to the zygote's root, which a sandbox's
+    // root is not when the node runs as host root: they must be open to others (0755), not
+    // whatever the node's umask (027, 077 on hardened hosts) would leave them.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o022));
     build_template_with(&Host, source, staging, work_dir)
 }
 
@@ -132,11 +133,7 @@ pub(super) fn build_template_with(
     for dir in dirs {
         expose(k, dir, &root)?;
     }
-    let work = work_dir.trim_start_matches('/');
-    for dir in ["dev", "proc", "tmp", work] {
-        let dir = root.join(dir);
-        fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
-    }
+    mount_points(&root, work_dir)?;
     populate_dev(k, &root.join("dev"))?;
     // Read-only twice: the superblock (no mount of it anywhere can write), then this mount,
     // which every sandbox copies with its flags (the kernel locks them in the copy a less
@@ -203,27 +200,16 @@ fn enter_template(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<OwnedFd, Roo
         &disk,
         &format!("{},mode=0755", disk_options(plan.disk_mb)),
     )?;
-    writable(k, &disk, "tmp", &root.join("tmp"), 0o1777)?;
-    let work = plan.work_dir.trim_start_matches('/');
-    writable(k, &disk, work, &root.join(work), 0o755)?;
+    bind_disk(k, &disk, &root, plan.work_dir)?;
     // POSIX semaphores and shared memory (Python's multiprocessing) live in /dev/shm.
-    writable(k, &disk, "shm", &root.join("dev/shm"), 0o1777)?;
+    writable(k, &disk, "dev/shm", &root.join("dev/shm"), 0o1777)?;
     let sysctls = mount_proc(k, &root)?;
-    // The copy's top mount is the current directory, so the pivot needs no mount point for the
-    // old root: it lands on top of the new one, and "." then names it.
-    k.chdir(&root).map_err(fail("chdir", &root))?;
-    let here = Path::new(".");
-    k.pivot_root(here, here)
-        .map_err(fail("pivot_root", &root))?;
-    k.detach(here)
-        .map_err(fail("detach old root", Path::new("/")))?;
-    k.chdir(Path::new("/"))
-        .map_err(fail("chdir", Path::new("/")))?;
+    pivot(k, &root)?;
     Ok(sysctls)
 }
 
 /// An image's root: an overlay on the image whose upper layer lives on the disk, built in full
-/// by each init.
+/// by each init; `/dev` is a directory of the disk too, so the job may change it.
 fn enter_image(
     k: &impl Syscalls,
     plan: &RootPlan<'_>,
@@ -238,26 +224,48 @@ fn enter_image(
     )?;
     overlay(k, image, &root, &layers.join("image"))?;
     let disk = layers.join("rw");
-    let work = plan.work_dir.trim_start_matches('/');
-    for dir in ["dev", "proc", "tmp", work, OLD_ROOT] {
-        let dir = root.join(dir);
-        fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
-    }
+    mount_points(&root, plan.work_dir)?;
     let dev = root.join("dev");
     writable(k, &disk, "dev", &dev, 0o755)?;
     populate_dev(k, &dev)?;
-    writable(k, &disk, "tmp", &root.join("tmp"), 0o1777)?;
-    writable(k, &disk, work, &root.join(work), 0o755)?;
+    bind_disk(k, &disk, &root, plan.work_dir)?;
     let sysctls = mount_proc(k, &root)?;
-    let old = root.join(OLD_ROOT);
-    k.pivot_root(&root, &old)
-        .map_err(fail("pivot_root", &root))?;
-    k.chdir(Path::new("/"))
-        .map_err(fail("chdir", Path::new("/")))?;
-    let old = Path::new("/").join(OLD_ROOT);
-    k.detach(&old).map_err(fail("detach old root", &old))?;
-    k.rmdir(&old).map_err(io_fail("rmdir", &old))?;
+    pivot(k, &root)?;
     Ok(sysctls)
+}
+
+/// The mount points every root has: `/dev`, `/proc`, `/tmp` and the working directory.
+fn mount_points(root: &Path, work_dir: &str) -> Result<(), RootfsError> {
+    for dir in ["dev", "proc", "tmp", work_dir.trim_start_matches('/')] {
+        let dir = root.join(dir);
+        fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
+    }
+    Ok(())
+}
+
+/// Binds the disk's `tmp` and working directory on the root's.
+fn bind_disk(
+    k: &impl Syscalls,
+    disk: &Path,
+    root: &Path,
+    work_dir: &str,
+) -> Result<(), RootfsError> {
+    writable(k, disk, "tmp", &root.join("tmp"), 0o1777)?;
+    let work = work_dir.trim_start_matches('/');
+    writable(k, disk, work, &root.join(work), 0o755)
+}
+
+/// Makes `root` the root. From inside it, the pivot needs no mount point for the old root: it
+/// lands on top of the new one, where "." names it, and is detached at once, with everything
+/// of the host beneath it.
+fn pivot(k: &impl Syscalls, root: &Path) -> Result<(), RootfsError> {
+    k.chdir(root).map_err(fail("chdir", root))?;
+    let here = Path::new(".");
+    k.pivot_root(here, here).map_err(fail("pivot_root", root))?;
+    k.detach(here)
+        .map_err(fail("detach old root", Path::new("/")))?;
+    k.chdir(Path::new("/"))
+        .map_err(fail("chdir", Path::new("/")))
 }
 
 /// Mounts a fresh proc on `root/proc` and protects its sysctls. Before the pivot: the kernel
@@ -608,7 +616,7 @@ mod tests {
                     MsFlags::MS_BIND
                 ),
                 mount(
-                    Some(&disk.join("shm")),
+                    Some(&disk.join("dev/shm")),
                     &root.join("dev/shm"),
                     None,
                     MsFlags::MS_BIND
@@ -651,7 +659,7 @@ mod tests {
         // The disk's directories: the job's own, with the usual modes.
         let mode = |d: &str| fs::metadata(disk.join(d)).unwrap().permissions().mode() & 0o7777;
         assert_eq!(
-            (mode("tmp"), mode("work"), mode("shm")),
+            (mode("tmp"), mode("work"), mode("dev/shm")),
             (0o1777, 0o755, 0o1777)
         );
     }
@@ -677,10 +685,28 @@ mod tests {
             matches!(c, Call::PivotRoot { .. })
         });
         assert!(layers < overlay && overlay < proc && proc < pivot);
-        // The job may change the image's files (in RAM): no read-only remount of the root.
+        // The job may change the image's files (in RAM): no read-only remount of the root, and
+        // the same pivot as the template's, from inside the new root.
+        let root = staging.join("root");
+        let here = PathBuf::from(".");
         assert_eq!(
-            calls.last(),
-            Some(&Call::Rmdir(Path::new("/").join(OLD_ROOT)))
+            calls[pivot - 1..],
+            [
+                Call::Chdir(root),
+                Call::PivotRoot {
+                    new_root: here.clone(),
+                    put_old: here.clone(),
+                },
+                Call::Detach(here),
+                Call::Chdir("/".into()),
+            ]
+        );
+        // /dev is the disk's, the devices bound into it.
+        let dev = staging.join("layers/rw/dev");
+        position(
+            &calls,
+            "bind the disk's /dev",
+            |c| matches!(c, Call::Mount { source: Some(s), .. } if *s == dev),
         );
     }
 

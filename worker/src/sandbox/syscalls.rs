@@ -33,7 +33,6 @@ pub trait Syscalls {
     fn chdir(&self, dir: &Path) -> nix::Result<()>;
     /// Lazily detaches the mount on `target` (`MNT_DETACH`).
     fn detach(&self, target: &Path) -> nix::Result<()>;
-    fn rmdir(&self, dir: &Path) -> std::io::Result<()>;
     /// An `O_PATH` descriptor of the directory `dir`.
     fn open_dir_path(&self, dir: &Path) -> std::io::Result<OwnedFd>;
     fn set_no_new_privs(&self) -> nix::Result<()>;
@@ -76,10 +75,6 @@ impl Syscalls for Host {
 
     fn detach(&self, target: &Path) -> nix::Result<()> {
         nix::mount::umount2(target, MntFlags::MNT_DETACH)
-    }
-
-    fn rmdir(&self, dir: &Path) -> std::io::Result<()> {
-        std::fs::remove_dir(dir)
     }
 
     fn open_dir_path(&self, dir: &Path) -> std::io::Result<OwnedFd> {
@@ -146,7 +141,6 @@ pub(super) mod recording {
         },
         Chdir(PathBuf),
         Detach(PathBuf),
-        Rmdir(PathBuf),
         OpenDirPath(PathBuf),
         NoNewPrivs,
         DropCapabilities(libc::c_ulong),
@@ -214,11 +208,6 @@ pub(super) mod recording {
 
         fn detach(&self, target: &Path) -> nix::Result<()> {
             self.record(Call::Detach(target.to_owned()))
-        }
-
-        fn rmdir(&self, dir: &Path) -> std::io::Result<()> {
-            self.record(Call::Rmdir(dir.to_owned()))
-                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
         }
 
         fn open_dir_path(&self, dir: &Path) -> std::io::Result<OwnedFd> {
