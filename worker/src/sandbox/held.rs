@@ -11,28 +11,33 @@
 
 use std::path::Path;
 
+use super::sys::SysvCounts;
+
 /// Kernel memory per queued SysV message beyond its text (`struct msg_msg`), a lower bound.
 const MSG_HEADER_BYTES: u64 = 48;
 
 /// What the job holds outside its processes, in KiB: the used part of the filesystem at
 /// `disk` plus the SysV objects listed under `proc/sysvipc`.
 pub fn held_kb(disk: &Path, proc: &Path) -> u64 {
+    held_kb_with(disk, proc, super::sys::sysv_counts().ok())
+}
+
+/// [`held_kb`], with the kernel's count of SysV objects (`None`: unknown, every table read).
+/// Most jobs leave no SysV object, and this runs between the program's exit and its result:
+/// a table is read only when something is counted in it (reading both took tens of
+/// microseconds; the counts are one system call each).
+fn held_kb_with(disk: &Path, proc: &Path, counts: Option<SysvCounts>) -> u64 {
     let disk = nix::sys::statvfs::statvfs(disk)
         .map(|s| (s.blocks() - s.blocks_free()) * s.fragment_size())
         .unwrap_or(0);
-    // Most jobs leave no SysV object, and this runs between the program's exit and its
-    // result: a table is read only when the kernel counts something in it (one system call
-    // each, where reading both tables took tens of microseconds).
-    let counts = super::sys::sysv_counts().ok();
-    let present = |n: fn(&super::sys::SysvCounts) -> u64| counts.as_ref().is_none_or(|c| n(c) > 0);
-    let read = |name: &str, there: bool| {
-        there
-            .then(|| std::fs::read_to_string(proc.join("sysvipc").join(name)).ok())
-            .flatten()
-            .unwrap_or_default()
+    let table = |name: &str, counted: fn(&SysvCounts) -> u64| {
+        if counts.as_ref().is_some_and(|c| counted(c) == 0) {
+            return String::new();
+        }
+        std::fs::read_to_string(proc.join("sysvipc").join(name)).unwrap_or_default()
     };
-    let shm = read("shm", present(|c| c.segments));
-    let msg = read("msg", present(|c| c.queues));
+    let shm = table("shm", |c| c.segments);
+    let msg = table("msg", |c| c.queues);
     (disk + shm_bytes(&shm) + msg_bytes(&msg)) / 1024
 }
 
@@ -98,6 +103,40 @@ mod tests {
                      \x20        0          0   600       16384          2    10     0     0     0     0     0 1796187766          0 1796187766\n\
                      \x20        0          1   600           0          0     0     0     0     0     0     0          0          0 1796187766\n";
         assert_eq!(msg_bytes(table), 16384 + 2 * MSG_HEADER_BYTES);
+    }
+
+    #[test]
+    fn a_table_is_read_only_when_the_kernel_counts_something_in_it() {
+        // No disk to measure (it would move with whatever else writes there): tables only.
+        let none = tempfile::tempdir().unwrap();
+        let disk = none.path().join("missing");
+        let proc = tempfile::tempdir().unwrap();
+        std::fs::create_dir(proc.path().join("sysvipc")).unwrap();
+        // One 1 MiB segment and one queue of 1 KiB in two messages.
+        std::fs::write(
+            proc.path().join("sysvipc/shm"),
+            "key shmid rss\n0 1 1048576\n",
+        )
+        .unwrap();
+        std::fs::write(
+            proc.path().join("sysvipc/msg"),
+            "key msqid cbytes qnum\n0 1 1024 2\n",
+        )
+        .unwrap();
+        let held =
+            |segments, queues| held_kb_with(&disk, proc.path(), Some(counts(segments, queues)));
+        assert_eq!(held(0, 0), 0, "nothing counted, nothing read");
+        assert_eq!(held(1, 0), 1024);
+        assert_eq!(held(0, 1), (1024 + 2 * MSG_HEADER_BYTES) / 1024);
+        assert_eq!(
+            held_kb_with(&disk, proc.path(), None),
+            (1_048_576 + 1024 + 2 * MSG_HEADER_BYTES) / 1024,
+            "counts unknown: both tables read"
+        );
+    }
+
+    fn counts(segments: u64, queues: u64) -> SysvCounts {
+        SysvCounts { segments, queues }
     }
 
     #[test]

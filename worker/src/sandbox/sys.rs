@@ -816,13 +816,17 @@ mod tests {
                 libc::msgget(libc::IPC_PRIVATE, 0o600 | libc::IPC_CREAT),
             )
         };
-        assert!(shm >= 0 && msg >= 0, "{}", Errno::last());
-        let during = sysv_counts().expect("counts");
-        // SAFETY: IPC_RMID with a null buffer removes the object; no memory is passed.
+        let made = Errno::last();
+        let during = sysv_counts();
+        // Removed before anything is asserted, so that a failure leaves nothing behind.
+        // SAFETY: IPC_RMID with a null buffer removes the object; no memory is passed. An id
+        // of -1 (not made) is refused with EINVAL.
         unsafe {
             libc::shmctl(shm, libc::IPC_RMID, std::ptr::null_mut());
             libc::msgctl(msg, libc::IPC_RMID, std::ptr::null_mut());
         }
+        assert!(shm >= 0 && msg >= 0, "{made}");
+        let during = during.expect("counts");
         let after = sysv_counts().expect("counts");
         let none = SysvCounts {
             segments: 0,
