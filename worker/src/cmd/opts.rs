@@ -22,7 +22,9 @@ pub struct SandboxOpts {
     #[serde(skip)]
     pub rootfs: Option<PathBuf>,
     /// Host directories exposed read-only (bind mounts), comma-separated: absolute paths of
-    /// existing directories (or symlinks, recreated as such), never `/` itself.
+    /// existing directories (or symlinks, recreated as such), never `/` itself nor anything
+    /// under `/proc`, `/dev`, `/tmp` or the working directory, which every sandbox mounts
+    /// its own over.
     #[arg(
         long,
         value_name = "DIRS",
@@ -160,6 +162,19 @@ fn allow_entry(s: &str) -> Result<PathBuf, String> {
         .any(|c| matches!(c, std::path::Component::ParentDir))
     {
         return Err("has a `..` in it; name the directory itself".into());
+    }
+    let work = EngineConfig::default().work_dir;
+    for (own, what) in [
+        ("/proc", "its own proc"),
+        ("/dev", "its own devices"),
+        ("/tmp", "its own disk"),
+        (work.as_str(), "its own disk as the working directory"),
+    ] {
+        if path.starts_with(own) {
+            return Err(format!(
+                "every sandbox mounts {what} on {own}, which would hide it"
+            ));
+        }
     }
     match std::fs::symlink_metadata(&path) {
         Ok(m) if m.is_dir() || m.file_type().is_symlink() => Ok(path),
@@ -345,9 +360,14 @@ mod tests {
     #[test]
     fn allow_entries_are_existing_directories_below_the_root() {
         assert_eq!(allow_entry("/usr"), Ok(PathBuf::from("/usr")));
-        assert_eq!(allow_entry("/proc/self"), Ok(PathBuf::from("/proc/self")));
-        let file = tempfile::NamedTempFile::new().unwrap();
-        let file = file.path().to_str().unwrap();
+        // Outside the paths every sandbox mounts over: a directory, a symlink, a file.
+        let place = tempfile::tempdir_in("/var/tmp").unwrap();
+        let link = place.path().join("link");
+        std::os::unix::fs::symlink("/usr", &link).unwrap();
+        assert_eq!(allow_entry(link.to_str().unwrap()), Ok(link.clone()));
+        let file = place.path().join("file");
+        std::fs::write(&file, "").unwrap();
+        let file = file.to_str().unwrap();
         for (entry, why) in [
             ("/", "the host's whole root cannot be exposed"),
             ("//", "the host's whole root cannot be exposed"),
@@ -355,6 +375,11 @@ mod tests {
             ("/usr/../home", "has a `..` in it"),
             (file, "not a directory"),
             ("/forkbox-no-such-directory", "No such file or directory"),
+            ("/proc/self", "mounts its own proc on /proc"),
+            ("/dev", "mounts its own devices on /dev"),
+            ("/dev/shm", "mounts its own devices on /dev"),
+            ("/tmp/data", "mounts its own disk on /tmp"),
+            ("/work/data", "as the working directory on /work"),
         ] {
             let err = allow_entry(entry).unwrap_err();
             assert!(err.contains(why), "{entry}: {err}");
