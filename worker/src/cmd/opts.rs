@@ -163,12 +163,14 @@ fn allow_entry(s: &str) -> Result<PathBuf, String> {
     {
         return Err("has a `..` in it; name the directory itself".into());
     }
-    let work = EngineConfig::default().work_dir;
     for (own, what) in [
         ("/proc", "its own proc"),
         ("/dev", "its own devices"),
         ("/tmp", "its own disk"),
-        (work.as_str(), "its own disk as the working directory"),
+        (
+            sandbox::DEFAULT_WORK_DIR,
+            "its own disk as the working directory",
+        ),
     ] {
         if path.starts_with(own) {
             return Err(format!(

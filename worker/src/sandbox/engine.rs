@@ -11,7 +11,10 @@ use tokio::sync::Semaphore;
 use super::events::{spawn_event_reader, Launchers, Waiters};
 use super::payload::job_env;
 use super::wire::{self, FromZygote, RootSource, ToZygote, ZygoteConfig};
-use super::{cgroup, identity, runtime, staging, sys, DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID};
+use super::{
+    cgroup, identity, runtime, staging, sys, DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID,
+    DEFAULT_WORK_DIR,
+};
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -69,7 +72,7 @@ impl Default for EngineConfig {
             zygote_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("forkbox")),
             slots: default_slots(),
             root: RootSource::Allowlist(DEFAULT_ALLOWLIST.iter().map(PathBuf::from).collect()),
-            work_dir: "/work".into(),
+            work_dir: DEFAULT_WORK_DIR.into(),
             defaults: EffectiveLimits::default(),
             ceilings: JobCeilings::default(),
             root_mapped_id: DEFAULT_ROOT_MAPPED_ID,

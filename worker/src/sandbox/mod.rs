@@ -58,6 +58,8 @@ pub use engine::{default_slots, CgroupSource, Engine, EngineConfig, EngineError,
 pub use output::{OutputChunk, OutputStream};
 pub use run::Slot;
 
+/// The job's working directory inside every sandbox (also its `HOME`).
+pub const DEFAULT_WORK_DIR: &str = "/work";
 /// Host directories exposed by default (those that exist).
 pub const DEFAULT_ALLOWLIST: &[&str] = &[
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",

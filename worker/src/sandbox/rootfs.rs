@@ -195,11 +195,7 @@ fn enter_template(k: &impl Syscalls, plan: &RootPlan<'_>) -> Result<OwnedFd, Roo
     let root = plan.staging.join("root");
     bind(k, &root, &root, MsFlags::MS_REC).map_err(fail("copy the root template", &root))?;
     let disk = plan.staging.join("layers");
-    tmpfs(
-        k,
-        &disk,
-        &format!("{},mode=0755", disk_options(plan.disk_mb)),
-    )?;
+    disk_tmpfs(k, &disk, plan.disk_mb, 0o755)?;
     bind_disk(k, &disk, &root, plan.work_dir)?;
     // POSIX semaphores and shared memory (Python's multiprocessing) live in /dev/shm.
     writable(k, &disk, "dev/shm", &root.join("dev/shm"), 0o1777)?;
@@ -217,11 +213,7 @@ fn enter_image(
 ) -> Result<OwnedFd, RootfsError> {
     let root = plan.staging.join("root");
     let layers = plan.staging.join("layers");
-    tmpfs(
-        k,
-        &layers,
-        &format!("{},mode=0700", disk_options(plan.disk_mb)),
-    )?;
+    disk_tmpfs(k, &layers, plan.disk_mb, 0o700)?;
     overlay(k, image, &root, &layers.join("image"))?;
     let disk = layers.join("rw");
     mount_points(&root, plan.work_dir)?;
@@ -437,6 +429,20 @@ fn populate_dev(k: &impl Syscalls, dev: &Path) -> Result<(), RootfsError> {
 /// whose kernel memory it bounds to about a third of the disk's size.
 pub fn disk_inodes(disk_mb: u64) -> u64 {
     disk_mb.saturating_mul(256)
+}
+
+/// Mounts the sandbox's disk, a tmpfs of `disk_mb` MiB whose root has `mode`, on `target`.
+fn disk_tmpfs(
+    k: &impl Syscalls,
+    target: &Path,
+    disk_mb: u64,
+    mode: u32,
+) -> Result<(), RootfsError> {
+    tmpfs(
+        k,
+        target,
+        &format!("{},mode={mode:04o}", disk_options(disk_mb)),
+    )
 }
 
 /// The tmpfs options of a disk of `disk_mb` MiB.
