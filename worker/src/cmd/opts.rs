@@ -39,8 +39,9 @@ pub struct SandboxOpts {
     #[serde(skip)]
     pub shared_net: bool,
     /// Modules the warm Python runtime imports before the first sandbox, comma-separated;
-    /// `none` turns the runtime off (jobs asking for it run cold) [default: common
-    /// standard-library modules, see docs/operations.md].
+    /// `none` turns the runtime off (jobs asking for it run cold); `default` in the list stands
+    /// for the default list (`default,unittest` adds one) [default: common standard-library
+    /// modules, see docs/operations.md].
     #[arg(long, value_name = "MODULES", value_delimiter = ',')]
     #[serde(default, deserialize_with = "names")]
     pub python_preload: Option<Vec<String>>,
@@ -225,19 +226,26 @@ fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, 
     Ok(Option::<QueueList>::deserialize(d)?.map(QueueList::into_vec))
 }
 
-/// The warm Python runtime for a `--python-preload` value (absent: the default list).
+/// The warm Python runtime for a `--python-preload` value (absent: the default list). The
+/// word `default` in the list stands for the default list, so `default,unittest` adds to it.
 pub fn python_settings(
     preload: Option<&[String]>,
 ) -> Option<sandbox::runtime::python::PythonSettings> {
+    use sandbox::runtime::python::DEFAULT_PRELOAD;
     let mut settings = sandbox::runtime::python::PythonSettings::default();
     match preload {
         Some([none]) if none == "none" => return None,
         Some(list) => {
-            settings.preload = list
-                .iter()
-                .map(|m| m.trim().to_owned())
-                .filter(|m| !m.is_empty())
-                .collect()
+            settings.preload.clear();
+            let names = list.iter().map(|m| m.trim()).filter(|m| !m.is_empty());
+            for name in names.flat_map(|m| match m {
+                "default" => DEFAULT_PRELOAD.to_vec(),
+                one => vec![one],
+            }) {
+                if !settings.preload.iter().any(|p| p == name) {
+                    settings.preload.push(name.to_owned());
+                }
+            }
         }
         None => {}
     }
@@ -386,5 +394,29 @@ mod tests {
             let err = allow_entry(entry).unwrap_err();
             assert!(err.contains(why), "{entry}: {err}");
         }
+    }
+
+    #[test]
+    fn default_in_a_preload_list_stands_for_the_default_list() {
+        use sandbox::runtime::python::DEFAULT_PRELOAD;
+        let preload = |list: &[&str]| {
+            let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+            python_settings(Some(&list)).unwrap().preload
+        };
+        let default: Vec<String> = DEFAULT_PRELOAD.iter().map(|s| s.to_string()).collect();
+        assert_eq!(python_settings(None).unwrap().preload, default);
+        assert_eq!(preload(&["default"]), default);
+        // Added to, in order, each module once.
+        let mut more = default.clone();
+        more.extend(["unittest".to_owned(), "numpy".to_owned()]);
+        assert_eq!(
+            preload(&["default", " unittest", "json", "numpy", "unittest"]),
+            more
+        );
+        let mut first = vec!["numpy".to_owned()];
+        first.extend(default.iter().cloned());
+        assert_eq!(preload(&["numpy", "default", ""]), first);
+        assert_eq!(preload(&["json", "re"]), ["json", "re"]);
+        assert_eq!(python_settings(Some(&["none".to_owned()])), None);
     }
 }
