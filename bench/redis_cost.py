@@ -21,6 +21,11 @@ Systems (`--systems`, in this order each round, so a noisy machine hits them ali
   counters), then a `forkbox worker --slots 2` is started, `forkbox batch wait` polls the
   batch's counters until done, `forkbox batch results --jsonl` reads every result, and the
   worker is stopped with SIGTERM.
+- `forkbox-noop`: the same pipeline with forkbox's queue protocol and a no-op processor: the
+  worker is `noop_worker` (`queue/examples/noop_worker.rs`, `cargo build --release -p
+  forkbox-queue --example noop_worker`), which reads and completes as a node does and stores a
+  `/bin/true` job's result without running anything: the counterpart of BullMQ's no-op worker,
+  at a job rate no sandbox reaches.
 - `forkbox-loadgen`: `forkbox-loadgen --backlog`: a raw pipelined `XADD` per job (no script),
   one spawned worker with 2 slots, the results read from the results stream with `XREAD BLOCK`
   (what the scaling section of docs/benchmarks.md measured).
@@ -32,8 +37,11 @@ Systems (`--systems`, in this order each round, so a noisy machine hits them ali
 - `celery`: `task.delay()` per task, a prefork worker of 2 processes with Redis as broker and
   result backend, a no-op task, and `AsyncResult.get()` for every result
   (bench/peers/celery_bench.py --task noop).
-- `forkbox-before`: `forkbox` with another binary (`--forkbox-before PATH`), to compare two
-  builds in the same run.
+- `forkbox-before`: `forkbox` with the worker of another build (`--forkbox-before PATH`), to
+  compare two builds' worker protocol in the same run; `forkbox-before-noop`: `forkbox-noop`
+  with a `noop_worker` built from that build's commit (`--noop-worker-before PATH`). The client
+  commands (batch submit, wait, results) are this build's in every forkbox row, so an earlier
+  build without them can be measured and the rows differ only in their workers.
 
 Prints a table per round and the medians; `--json FILE` writes every reading, `--section FILE`
 a section for bench/report.py (docs/benchmarks.md).
@@ -63,7 +71,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 NODE_DIR = os.path.join(HERE, ".node")
 VENV_PY = os.path.join(HERE, ".venv", "bin", "python")
-ALL = ["forkbox", "forkbox-loadgen", "bullmq", "bullmq-true", "celery"]
+ALL = ["forkbox", "forkbox-noop", "forkbox-loadgen", "bullmq", "bullmq-true", "celery"]
+BEFORE = ["forkbox-before", "forkbox-before-noop"]
 # The measurement's own commands, left out of the counts.
 OWN = {"info", "config|resetstat", "ping", "shutdown"}
 
@@ -154,8 +163,9 @@ def run(cmd, log, timeout, **kw):
     return r.stdout.decode()
 
 
-def forkbox_cli(binary, redis, jobs, slots, work):
-    """The CLI pipeline: batch submit, a worker, batch wait, batch results."""
+def forkbox_cli(binary, redis, jobs, slots, work, worker_cmd=None):
+    """The CLI pipeline: batch submit, a worker (`forkbox worker`, or `worker_cmd`), batch wait,
+    batch results."""
     path = os.path.join(work, "jobs.jsonl")
     with open(path, "w") as f:
         f.write('{"argv": ["/bin/true"]}\n' * jobs)
@@ -163,8 +173,8 @@ def forkbox_cli(binary, redis, jobs, slots, work):
     base = ["--redis", redis.url, "--queue", "bench"]
     t0 = time.time()
     run([binary, "batch", "submit", *base, "--batch", "rc", path], log, 300)
-    worker = subprocess.Popen([binary, "worker", "--redis", redis.url, "--queues", "bench",
-                               "--slots", str(slots)],
+    worker = subprocess.Popen(worker_cmd or [binary, "worker", "--redis", redis.url, "--queues", "bench",
+                                             "--slots", str(slots)],
                               stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     try:
         t1 = time.time()
@@ -220,7 +230,15 @@ def measure(system, a, work):
         if system == "forkbox":
             extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work)
         elif system == "forkbox-before":
-            extra = forkbox_cli(a.forkbox_before, redis, a.jobs, a.slots, work)
+            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work,
+                                [a.forkbox_before, "worker", "--redis", redis.url, "--queues", "bench",
+                                 "--slots", str(a.slots)])
+        elif system == "forkbox-before-noop":
+            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work,
+                                [a.noop_worker_before, redis.url, "bench", str(a.slots)])
+        elif system == "forkbox-noop":
+            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work,
+                                [a.noop_worker, redis.url, "bench", str(a.slots)])
         elif system == "forkbox-loadgen":
             extra = forkbox_loadgen(a.forkbox, a.loadgen, redis, a.jobs, a.slots, work)
         elif system == "bullmq":
@@ -301,7 +319,9 @@ def medians(runs, systems):
 
 LABELS = {
     "forkbox": "forkbox (CLI: batch submit, worker, batch wait, batch results)",
-    "forkbox-before": "forkbox before (same pipeline, the earlier build)",
+    "forkbox-before": "forkbox before (same pipeline, the earlier build's worker)",
+    "forkbox-noop": "forkbox's queue with a no-op processor (the same pipeline, noop_worker)",
+    "forkbox-before-noop": "the earlier build's queue with a no-op processor (its noop_worker)",
     "forkbox-loadgen": "forkbox (loadgen: raw XADD, results stream XREAD)",
     "bullmq": "BullMQ (addBulk, Worker with a no-op processor, QueueEvents)",
     "bullmq-true": "BullMQ, the processor running /bin/true in a child process",
@@ -330,7 +350,9 @@ def section(meta, med):
              "are `total_reads_processed`, about one per request or pipeline received: the round trips "
              "Redis served.",
              "The job is `/bin/true` in a sandbox for forkbox, a function returning at once for BullMQ and "
-             "Celery, and `/bin/true` in a child process for the second BullMQ row. Redis' cost per job "
+             "Celery, and `/bin/true` in a child process for the second BullMQ row; forkbox's no-op rows run "
+             "nothing (`noop_worker` reads and completes as a node does and stores a `/bin/true` job's "
+             "result). Redis' cost per job "
              "depends on the job rate: a Redis kept busy serves many requests per wake-up with warm "
              "caches, one serving a few hundred jobs a second wakes up for nearly every request (compare "
              "the two BullMQ rows, whose commands are the same)."]
@@ -364,6 +386,23 @@ def section(meta, med):
                 line += (f"; no more than BullMQ's at about the same job rate ({bull_rate['cpu_us_per_job']:.0f} µs): "
                          f"{verdict(fb['cpu_us_per_job'] <= bull_rate['cpu_us_per_job'])}")
             notes.append(line + ".")
+    nop, before_nop, bull = by.get("forkbox-noop"), by.get("forkbox-before-noop"), by.get("bullmq")
+    if nop:
+        cmp = [f"{nop['cpu_us_per_job'] / o['cpu_us_per_job']:.2f}× {what} ({o['cpu_us_per_job']:.0f} µs, "
+               f"{o['jobs_per_s']:,.0f} jobs/s)"
+               for o, what in ((before_nop, "the earlier build's queue with the same processor"),
+                               (bull, "BullMQ's no-op run")) if o and o["cpu_us_per_job"] > 0]
+        notes.append(f"forkbox's queue with a no-op processor: {nop['cpu_us_per_job']:.0f} µs of Redis CPU per job "
+                     f"at {nop['jobs_per_s']:,.0f} jobs/s" + (", " + "; ".join(cmp) if cmp else "") + ".")
+        like = []
+        if before_nop:
+            like.append(f"at most half the earlier build's ({before_nop['cpu_us_per_job'] / 2:.0f} µs): "
+                        f"{'met' if nop['cpu_us_per_job'] <= before_nop['cpu_us_per_job'] / 2 else 'not met'}")
+        if bull:
+            like.append(f"no more than BullMQ's ({bull['cpu_us_per_job']:.0f} µs): "
+                        f"{'met' if nop['cpu_us_per_job'] <= bull['cpu_us_per_job'] else 'not met'}")
+        if like:
+            notes.append("Target, like for like (no-op processors on both sides): " + "; ".join(like) + ".")
     return {"section": "redis-cost", "order": 45, "title": "Redis cost per job",
             "intro": "Redis CPU and commands per job, end to end, for forkbox and its peers, each on a "
                      "Redis of its own (`bench/redis_cost.py`). Lower is better: one Redis core "
@@ -405,8 +444,9 @@ def write_outputs(args, readings, section_doc):
 def binary(flag, option, env, name):
     path = flag or os.environ.get(env) or os.path.join(ROOT, "target", "release", name)
     if not os.access(path, os.X_OK):
-        sys.exit(f"{name} not found at {path}: build it (cargo build --release -p forkbox -p "
-                 f"forkbox-loadgen), or pass {option} or set {env}")
+        build = ("cargo build --release -p forkbox-queue --example noop_worker" if name.endswith("noop_worker")
+                 else "cargo build --release -p forkbox -p forkbox-loadgen")
+        sys.exit(f"{name} not found at {path}: build it ({build}), or pass {option} or set {env}")
     return os.path.realpath(path)
 
 
@@ -416,9 +456,12 @@ def main():
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--systems", default=",".join(ALL),
-                   help=f"comma-separated, from {', '.join(ALL + ['forkbox-before'])}")
+                   help=f"comma-separated, from {', '.join(ALL + BEFORE)}")
     p.add_argument("--forkbox", help="the forkbox binary (FORKBOX_BIN, else target/release/forkbox)")
     p.add_argument("--loadgen", help="forkbox-loadgen (FORKBOX_LOADGEN, else target/release/forkbox-loadgen)")
+    p.add_argument("--noop-worker", help="noop_worker for the system forkbox-noop (FORKBOX_NOOP_WORKER, "
+                   "else target/release/examples/noop_worker)")
+    p.add_argument("--noop-worker-before", help="noop_worker of the earlier build, for forkbox-before-noop")
     p.add_argument("--forkbox-before", help="another forkbox binary, run as the system forkbox-before")
     p.add_argument("--json", help="write every reading here")
     p.add_argument("--section", help="write a bench/report.py section here")
@@ -426,17 +469,25 @@ def main():
     if a.jobs < 1 or a.slots < 1 or a.rounds < 1:
         sys.exit("--jobs, --slots and --rounds must be at least 1")
     systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    unknown = [s for s in systems if s not in ALL + ["forkbox-before"]]
+    unknown = [s for s in systems if s not in ALL + BEFORE]
     if unknown:
-        sys.exit(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(ALL + ['forkbox-before'])}")
-    if "forkbox-before" in systems and not a.forkbox_before:
-        sys.exit("the system forkbox-before needs --forkbox-before PATH")
+        sys.exit(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(ALL + BEFORE)}")
+    if any(s in BEFORE for s in systems) and not a.forkbox_before:
+        sys.exit("the systems forkbox-before and forkbox-before-noop need --forkbox-before PATH")
+    if "forkbox-before-noop" in systems and not a.noop_worker_before:
+        sys.exit("the system forkbox-before-noop needs --noop-worker-before PATH")
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         sys.exit("redis-server and redis-cli are needed (apt-get install redis-server)")
     if any(s.startswith("forkbox") for s in systems):
         a.forkbox = binary(a.forkbox, "--forkbox", "FORKBOX_BIN", "forkbox")
-    if "forkbox-before" in systems:
+    if any(s in BEFORE for s in systems):
         a.forkbox_before = binary(a.forkbox_before, "--forkbox-before", "FORKBOX_BEFORE", "forkbox")
+    if "forkbox-before-noop" in systems:
+        a.noop_worker_before = binary(a.noop_worker_before, "--noop-worker-before", "FORKBOX_NOOP_WORKER_BEFORE",
+                                      os.path.join("examples", "noop_worker"))
+    if "forkbox-noop" in systems:
+        a.noop_worker = binary(a.noop_worker, "--noop-worker", "FORKBOX_NOOP_WORKER",
+                               os.path.join("examples", "noop_worker"))
     if "forkbox-loadgen" in systems:
         a.loadgen = binary(a.loadgen, "--loadgen", "FORKBOX_LOADGEN", "forkbox-loadgen")
     ensure_peers(systems)

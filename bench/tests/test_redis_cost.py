@@ -69,3 +69,18 @@ def test_a_fresh_redis_counts_commands_and_cpu_and_is_removed():
     assert after["cpu_s"] >= before["cpu_s"]
     assert not os.path.exists(r.dir)
     assert r.proc.poll() is not None
+
+
+def test_the_no_op_rows_are_compared_like_for_like():
+    runs = [run("forkbox-before-noop", 100, 6000, {"evalsha": 200}), run("forkbox-noop", 45, 9000, {"evalsha": 200}),
+            run("bullmq", 70, 7000, {"evalsha": 200})]
+    systems = ["forkbox-before-noop", "forkbox-noop", "bullmq"]
+    notes = redis_cost.section(meta(systems), redis_cost.medians(runs, systems))["notes"]
+    assert "forkbox's queue with a no-op processor: 45 µs of Redis CPU per job at 9,000 jobs/s" in notes[-2]
+    assert "0.45× the earlier build's queue with the same processor (100 µs, 6,000 jobs/s)" in notes[-2]
+    assert "0.64× BullMQ's no-op run (70 µs, 7,000 jobs/s)" in notes[-2]
+    assert notes[-1] == ("Target, like for like (no-op processors on both sides): at most half the earlier "
+                         "build's (50 µs): met; no more than BullMQ's (70 µs): met.")
+    runs[1] = run("forkbox-noop", 80, 9000, {"evalsha": 200})
+    notes = redis_cost.section(meta(systems), redis_cost.medians(runs, systems))["notes"]
+    assert notes[-1].endswith("(50 µs): not met; no more than BullMQ's (70 µs): not met.")
