@@ -92,6 +92,7 @@ test-rust: deps $(PY_VENV)/.forkbox-sdk
 
 test-python: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build -p forkbox
+	$(CARGO) build -p forkbox-queue --example noop_worker
 	@mkdir -p $(TEST_LOGS)
 	set -o pipefail; $(PY) -m pytest -q -rs sdk/python/tests 2>&1 | tee $(TEST_LOGS)/python-sdk.log
 	set -o pipefail; $(PY) -m pytest -q -rs bench/tests 2>&1 | tee $(TEST_LOGS)/python-bench.log

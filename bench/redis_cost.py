@@ -163,7 +163,7 @@ def run(cmd, log, timeout, **kw):
     return r.stdout.decode()
 
 
-def forkbox_cli(binary, redis, jobs, slots, work, worker_cmd=None):
+def forkbox_cli(binary, redis, jobs, slots, work, worker_cmd=None, wait_s=600):
     """The CLI pipeline: batch submit, a worker (`forkbox worker`, or `worker_cmd`), batch wait,
     batch results."""
     path = os.path.join(work, "jobs.jsonl")
@@ -178,7 +178,7 @@ def forkbox_cli(binary, redis, jobs, slots, work, worker_cmd=None):
                               stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     try:
         t1 = time.time()
-        run([binary, "batch", "wait", *base, "rc", "--timeout", "600", "--json"], log, 700)
+        run([binary, "batch", "wait", *base, "rc", "--timeout", str(wait_s), "--json"], log, wait_s + 100)
         t2 = time.time()
         lines = run([binary, "batch", "results", *base, "rc", "--jsonl"], log, 300).splitlines()
     finally:

@@ -84,3 +84,24 @@ def test_the_no_op_rows_are_compared_like_for_like():
     runs[1] = run("forkbox-noop", 80, 9000, {"evalsha": 200})
     notes = redis_cost.section(meta(systems), redis_cost.medians(runs, systems))["notes"]
     assert notes[-1].endswith("(50 µs): not met; no more than BullMQ's (70 µs): not met.")
+
+
+def test_the_no_op_worker_drains_the_cli_pipeline_on_a_real_redis(tmp_path):
+    """The forkbox-noop system end to end: every job submitted comes back `ok` through the
+    same client commands as the forkbox row, and the worker stops on SIGTERM."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    forkbox = os.path.join(root, "target", "debug", "forkbox")
+    noop = os.path.join(root, "target", "debug", "examples", "noop_worker")
+    for path in (forkbox, noop):
+        assert os.access(path, os.X_OK), f"build it first (make test-python does): {path}"
+    r = redis_cost.Redis()
+    try:
+        extra = redis_cost.forkbox_cli(forkbox, r, 60, 2, str(tmp_path), [noop, r.url, "bench", "2"], wait_s=60)
+        pending = r.cli("xpending", "forkbox:{bench}:jobs", "workers").split()
+        left = int(r.cli("xlen", "forkbox:{bench}:jobs").strip())
+    finally:
+        r.stop()
+    assert extra["completed"] == 60
+    assert pending[0] == "0" and left == 0, "every entry acknowledged and deleted"
+    with open(tmp_path / "forkbox.log") as log:
+        assert "noop_worker: 60 completed" in log.read()
