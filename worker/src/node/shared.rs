@@ -115,15 +115,25 @@ impl SandboxWatch {
         self.alive()
     }
 
-    /// Marks the node unhealthy and stops its reading (once; later calls do nothing).
+    /// Marks the node unhealthy and stops its reading.
     fn lose(&self) {
-        self.status.sandbox_alive.store(false, Ordering::Relaxed);
-        if self.stop.level() == StopLevel::Running && !self.lost.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                "the sandbox zygote exited; stopping the node and handing back its entries"
-            );
-            self.stop.raise(StopLevel::Drain);
-        }
+        mark_lost(&self.status, &self.stop, &self.lost);
+    }
+}
+
+/// What [`SandboxWatch::lose`] does, apart from the engine. The stop is raised by every
+/// caller before it returns, not only by the first: a job task that learns the zygote is gone
+/// frees its admission on that answer, and the reader, taking it, must find the node stopping
+/// already (else it reads an entry only to hand it back), even while another task that learnt
+/// it first is still on its way to raising the stop. Said once, by the first.
+fn mark_lost(status: &NodeStatus, stop: &StopHandle, lost: &AtomicBool) {
+    status.sandbox_alive.store(false, Ordering::Relaxed);
+    let running = stop.level() == StopLevel::Running;
+    stop.raise(StopLevel::Drain);
+    if running && !lost.swap(true, Ordering::Relaxed) {
+        tracing::error!(
+            "the sandbox zygote exited; stopping the node and handing back its entries"
+        );
     }
 }
 
@@ -160,5 +170,33 @@ impl Lifetime {
             _ = tokio::time::sleep(d) => !self.stopping(),
             _ = stop.wait_for(|l| *l >= StopLevel::Drain) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whoever_learns_the_zygote_is_gone_finds_the_node_stopping() {
+        let (status, stop, lost) = (
+            NodeStatus::default(),
+            StopHandle::default(),
+            AtomicBool::new(false),
+        );
+        status.sandbox_alive.store(true, Ordering::Relaxed);
+        // Another task learnt it first and has not raised the stop yet.
+        lost.store(true, Ordering::Relaxed);
+        mark_lost(&status, &stop, &lost);
+        assert_eq!(stop.level(), StopLevel::Drain);
+        assert!(!status.sandbox_alive.load(Ordering::Relaxed));
+        // The first to learn it raises it too; a stop already past draining stays where it is.
+        let (stop, lost) = (StopHandle::default(), AtomicBool::new(false));
+        mark_lost(&status, &stop, &lost);
+        assert_eq!(stop.level(), StopLevel::Drain);
+        assert!(lost.load(Ordering::Relaxed));
+        stop.raise(StopLevel::Kill);
+        mark_lost(&status, &stop, &lost);
+        assert_eq!(stop.level(), StopLevel::Kill);
     }
 }
