@@ -39,7 +39,10 @@ Systems (`--systems`, in this order each round, so a noisy machine hits them ali
   (bench/peers/celery_bench.py --task noop).
 - `forkbox-before`: `forkbox` with the worker of another build (`--forkbox-before PATH`), to
   compare two builds' worker protocol in the same run; `forkbox-before-noop`: `forkbox-noop`
-  with a `noop_worker` built from that build's commit (`--noop-worker-before PATH`). The client
+  with a `noop_worker` built from that build's commit (`--noop-worker-before PATH`): the
+  example copied there, adapted to that build's queue API where it differs (before
+  `complete_many_and_read`, the same loop with `complete_many` and then `read` without
+  blocking, two round trips, as that build's node did). The client
   commands (batch submit, wait, results) are this build's in every forkbox row, so an earlier
   build without them can be measured and the rows differ only in their workers.
 
@@ -450,6 +453,17 @@ def binary(flag, option, env, name):
     return os.path.realpath(path)
 
 
+def earlier(flag, option, env, system, what):
+    """A binary of the earlier build: named by `option` or `env`, never a default (the default
+    would be this build's)."""
+    path = flag or os.environ.get(env)
+    if not path:
+        sys.exit(f"the system {system} needs {what}: pass {option} PATH or set {env}")
+    if not os.access(path, os.X_OK):
+        sys.exit(f"{what} not found at {path} ({option} or {env})")
+    return os.path.realpath(path)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=2000)
@@ -461,8 +475,10 @@ def main():
     p.add_argument("--loadgen", help="forkbox-loadgen (FORKBOX_LOADGEN, else target/release/forkbox-loadgen)")
     p.add_argument("--noop-worker", help="noop_worker for the system forkbox-noop (FORKBOX_NOOP_WORKER, "
                    "else target/release/examples/noop_worker)")
-    p.add_argument("--noop-worker-before", help="noop_worker of the earlier build, for forkbox-before-noop")
-    p.add_argument("--forkbox-before", help="another forkbox binary, run as the system forkbox-before")
+    p.add_argument("--noop-worker-before", help="noop_worker built from the earlier build, for the system "
+                   "forkbox-before-noop (FORKBOX_NOOP_WORKER_BEFORE)")
+    p.add_argument("--forkbox-before", help="the forkbox binary of the earlier build, whose worker the system "
+                   "forkbox-before runs (FORKBOX_BEFORE)")
     p.add_argument("--json", help="write every reading here")
     p.add_argument("--section", help="write a bench/report.py section here")
     a = p.parse_args()
@@ -472,19 +488,16 @@ def main():
     unknown = [s for s in systems if s not in ALL + BEFORE]
     if unknown:
         sys.exit(f"unknown system(s) {', '.join(unknown)}; choose from {', '.join(ALL + BEFORE)}")
-    if any(s in BEFORE for s in systems) and not a.forkbox_before:
-        sys.exit("the systems forkbox-before and forkbox-before-noop need --forkbox-before PATH")
-    if "forkbox-before-noop" in systems and not a.noop_worker_before:
-        sys.exit("the system forkbox-before-noop needs --noop-worker-before PATH")
     if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
         sys.exit("redis-server and redis-cli are needed (apt-get install redis-server)")
     if any(s.startswith("forkbox") for s in systems):
         a.forkbox = binary(a.forkbox, "--forkbox", "FORKBOX_BIN", "forkbox")
-    if any(s in BEFORE for s in systems):
-        a.forkbox_before = binary(a.forkbox_before, "--forkbox-before", "FORKBOX_BEFORE", "forkbox")
+    if "forkbox-before" in systems:
+        a.forkbox_before = earlier(a.forkbox_before, "--forkbox-before", "FORKBOX_BEFORE", "forkbox-before",
+                                   "the earlier build's forkbox")
     if "forkbox-before-noop" in systems:
-        a.noop_worker_before = binary(a.noop_worker_before, "--noop-worker-before", "FORKBOX_NOOP_WORKER_BEFORE",
-                                      os.path.join("examples", "noop_worker"))
+        a.noop_worker_before = earlier(a.noop_worker_before, "--noop-worker-before", "FORKBOX_NOOP_WORKER_BEFORE",
+                                       "forkbox-before-noop", "the earlier build's noop_worker")
     if "forkbox-noop" in systems:
         a.noop_worker = binary(a.noop_worker, "--noop-worker", "FORKBOX_NOOP_WORKER",
                                os.path.join("examples", "noop_worker"))

@@ -2,7 +2,10 @@
 bench/report.py, on readings in the format Redis gives."""
 
 import os
+import signal
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -105,3 +108,47 @@ def test_the_no_op_worker_drains_the_cli_pipeline_on_a_real_redis(tmp_path):
     assert pending[0] == "0" and left == 0, "every entry acknowledged and deleted"
     with open(tmp_path / "forkbox.log") as log:
         assert "noop_worker: 60 completed" in log.read()
+
+
+def _resp(*args):
+    out = f"*{len(args)}\r\n"
+    for a in args:
+        out += f"${len(a.encode())}\r\n{a}\r\n"
+    return out
+
+
+def test_the_no_op_worker_stops_on_sigterm_with_what_it_holds_completed(tmp_path):
+    """Sent SIGTERM in the middle of a backlog, it stops reading, completes what it holds and
+    exits: nothing is left pending, and every entry gone from the stream was completed."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    noop = os.path.join(root, "target", "debug", "examples", "noop_worker")
+    assert os.access(noop, os.X_OK), f"build it first (make test-python does): {noop}"
+    jobs = 50_000
+    r = redis_cost.Redis()
+    try:
+        stream = "forkbox:{bench}:jobs"
+        feed = "".join(_resp("XADD", stream, "*", "job", f'{{"id": "j{i}", "argv": ["/bin/true"]}}')
+                       for i in range(jobs))
+        subprocess.run(["redis-cli", "-p", str(r.port), "--pipe"], input=feed.encode(), check=True,
+                       capture_output=True)
+        assert int(r.cli("xlen", stream)) == jobs
+        worker = subprocess.Popen([noop, r.url, "bench", "1"], stderr=subprocess.PIPE, text=True)
+        try:
+            for _ in range(600):
+                if int(r.cli("xlen", stream)) <= jobs - 100:
+                    break
+                time.sleep(0.05)
+            worker.send_signal(signal.SIGTERM)
+            _, err = worker.communicate(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        left = int(r.cli("xlen", stream))
+        pending = r.cli("xpending", stream, "workers").split()
+    finally:
+        r.stop()
+    assert worker.returncode == 0, err
+    assert left > 0, "it stopped before the backlog was drained"
+    assert pending[0] == "0", "what it held was completed"
+    assert f"noop_worker: {jobs - left} completed" in err
