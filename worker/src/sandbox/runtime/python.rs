@@ -30,7 +30,8 @@ pub const DEFAULT_EXECUTABLE: &str = "/usr/bin/python3";
 /// node a little, since each sandbox copies and tears down a larger inherited heap; one left
 /// out costs only the jobs that import it their import time. Modules that are common in such
 /// programs or cheap to hold are in; heavy ones they rarely import (`unittest`, `dataclasses`,
-/// `statistics`, `datetime`, `hashlib`, `threading`) are not. `docs/benchmarks.md` measures
+/// `statistics`, `fractions`, `decimal`, `datetime`, `hashlib`, `textwrap`, `threading`) are
+/// not. `docs/benchmarks.md` measures
 /// both sides ("Which modules the default preloads").
 pub const DEFAULT_PRELOAD: &[&str] = &[
     "typing",
@@ -608,7 +609,7 @@ struct StubInput<'a> {
 
 /// Launcher side, once, before its sandbox is announced ready: the interpreter's after-fork
 /// bookkeeping (CPython's own, and the `os.register_at_fork` hooks of the preloaded modules,
-/// such as `threading`'s) and the stub's reseeding. Each Python object they touch copies its
+/// such as `threading`'s when it is preloaded) and the stub's reseeding. Each Python object they touch copies its
 /// page of the inherited heap (CPython 3.11 writes reference counts on every use), a few
 /// hundred pages in all; done here, that is spent while the sandbox waits, not between a job's
 /// request and its program. The launcher is already hardened and no job exists yet; it takes
