@@ -34,3 +34,29 @@ def test_a_process_already_gone_counts_nothing():
         os._exit(0)
     os.waitpid(pid, 0)
     assert warm_python.tree_cpu_s(pid) == 0.0
+
+
+def test_the_lean_harness_starts_a_problem_as_soon_as_any_slot_is_free(tmp_path):
+    """A slow problem must not hold the other slot idle: while it waits, the short ones after
+    it all run in the other slot (a harness that waited for the oldest would run one)."""
+    import threading
+    import time
+
+    release = tmp_path / "release"
+    slow = ("import os, time\n"
+            f"for _ in range(1000):\n    if os.path.exists({str(release)!r}): break\n    time.sleep(0.01)\n")
+    shorts = [f"open({str(tmp_path / f'short{i}')!r}, 'w').close()\n" for i in range(6)]
+    done = []
+    t = threading.Thread(target=lambda: done.append(warm_python.lean_harness([slow] + shorts, 2)))
+    t.start()
+    try:
+        for _ in range(500):
+            if all((tmp_path / f"short{i}").exists() for i in range(6)):
+                break
+            time.sleep(0.01)
+        ran = sorted(p.name for p in tmp_path.glob("short*"))
+    finally:
+        release.touch()
+        t.join(timeout=30)
+    assert ran == [f"short{i}" for i in range(6)], f"only {ran} ran while the slow problem waited"
+    assert done, "the harness finished"
