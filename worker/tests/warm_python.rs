@@ -784,6 +784,39 @@ fn check_reports_the_python_runtime() {
     assert!(text.contains("info  python runtime: off"), "{text}");
 }
 
+/// A preload module the node cannot import is said when the node starts, not only by `check`.
+#[test]
+fn a_preload_module_that_cannot_be_imported_is_said_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("fb.sock");
+    let log = dir.path().join("daemon.log");
+    let mut daemon = Command::new(BIN)
+        .args(["daemon", "--slots", "1", "--socket"])
+        .arg(&socket)
+        .args(["--python-preload", "json,forkbox_no_such_module"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    for _ in 0..600 {
+        if socket.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("warm python runtime: 1 of 2 preload module(s) imported"),
+        "{text}"
+    );
+    assert!(
+        text.contains("python preload: forkbox_no_such_module not imported: ModuleNotFoundError"),
+        "{text}"
+    );
+}
+
 /// Whether `pid`'s address space maps the CPython library.
 fn maps_libpython(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/maps"))

@@ -71,6 +71,7 @@ pub fn main(cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
     // The engine first: its zygote must be exec'd before the runtime starts threads.
     let engine =
         Engine::start(cmd.sandbox.engine_config(slots)).context("starting the sandbox engine")?;
+    super::log_python_runtime(&engine);
     let listener = bind(&path, gid)?;
     let rt = super::runtime()?;
     let result = rt.block_on(serve(listener, engine, cmd.max_request_bytes, &path, slots));

@@ -144,6 +144,29 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// Says at start what the warm Python runtime is, and which preload modules it could not import
+/// (a misspelt module would otherwise show only in `forkbox check`).
+pub fn log_python_runtime(engine: &forkbox::sandbox::Engine) {
+    use forkbox::sandbox::runtime::python::PythonRuntime;
+    match &engine.mechanisms().python {
+        PythonRuntime::Disabled => {}
+        PythonRuntime::Unavailable(why) => {
+            tracing::warn!("warm python runtime unavailable, python jobs run cold: {why}")
+        }
+        PythonRuntime::Ready { info, .. } => {
+            tracing::info!(
+                "warm python runtime: {} of {} preload module(s) imported in {:.0} ms",
+                info.preloaded.len(),
+                info.preloaded.len() + info.failed.len(),
+                info.warm_up_ms
+            );
+            for (module, error) in &info.failed {
+                tracing::warn!("python preload: {module} not imported: {error}");
+            }
+        }
+    }
+}
+
 /// Logs to stderr at `info` unless `RUST_LOG` says otherwise.
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()

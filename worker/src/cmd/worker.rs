@@ -16,6 +16,7 @@ pub fn main(args: WorkerSettings) -> anyhow::Result<ExitCode> {
     engine.ceilings = config.ceilings;
     engine.collect_max_bytes = config.collect_max_bytes;
     let engine = forkbox::sandbox::Engine::start(engine).context("starting the sandbox engine")?;
+    super::log_python_runtime(&engine);
     let grace = config.grace;
     let node = Node::new(config, engine);
     super::runtime()?.block_on(async move {
