@@ -23,7 +23,8 @@ Systems (`--systems`, in this order each round, so a noisy machine hits them ali
   worker is stopped with SIGTERM.
 - `forkbox-noop`: the same pipeline with forkbox's queue protocol and a no-op processor: the
   worker is `noop_worker` (`queue/examples/noop_worker.rs`, `cargo build --release -p
-  forkbox-queue --example noop_worker`), which reads and completes as a node does and stores a
+  forkbox-queue --example noop_worker`), which reads and completes as a node's reader and
+  outbox do and stores a
   `/bin/true` job's result without running anything: the counterpart of BullMQ's no-op worker,
   at a job rate no sandbox reaches.
 - `forkbox-loadgen`: `forkbox-loadgen --backlog`: a raw pipelined `XADD` per job (no script),
@@ -166,9 +167,17 @@ def run(cmd, log, timeout, **kw):
     return r.stdout.decode()
 
 
-def forkbox_cli(binary, redis, jobs, slots, work, worker_cmd=None, wait_s=600):
-    """The CLI pipeline: batch submit, a worker (`forkbox worker`, or `worker_cmd`), batch wait,
-    batch results."""
+def forkbox_worker(system, a, redis):
+    """The worker command of a forkbox system: a build's `forkbox worker`, or a `noop_worker`."""
+    noop = {"forkbox-noop": a.noop_worker, "forkbox-before-noop": a.noop_worker_before}.get(system)
+    if noop:
+        return [noop, redis.url, "bench", str(a.slots)]
+    binary = a.forkbox_before if system == "forkbox-before" else a.forkbox
+    return [binary, "worker", "--redis", redis.url, "--queues", "bench", "--slots", str(a.slots)]
+
+
+def forkbox_cli(binary, redis, jobs, work, worker_cmd, wait_s=600):
+    """The CLI pipeline: batch submit, the worker `worker_cmd`, batch wait, batch results."""
     path = os.path.join(work, "jobs.jsonl")
     with open(path, "w") as f:
         f.write('{"argv": ["/bin/true"]}\n' * jobs)
@@ -176,9 +185,7 @@ def forkbox_cli(binary, redis, jobs, slots, work, worker_cmd=None, wait_s=600):
     base = ["--redis", redis.url, "--queue", "bench"]
     t0 = time.time()
     run([binary, "batch", "submit", *base, "--batch", "rc", path], log, 300)
-    worker = subprocess.Popen(worker_cmd or [binary, "worker", "--redis", redis.url, "--queues", "bench",
-                                             "--slots", str(slots)],
-                              stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
+    worker = subprocess.Popen(worker_cmd, stdout=subprocess.DEVNULL, stderr=open(log, "ab"))
     try:
         t1 = time.time()
         run([binary, "batch", "wait", *base, "rc", "--timeout", str(wait_s), "--json"], log, wait_s + 100)
@@ -230,18 +237,8 @@ def measure(system, a, work):
     try:
         redis.cli("config", "resetstat")
         before = redis.snapshot()
-        if system == "forkbox":
-            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work)
-        elif system == "forkbox-before":
-            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work,
-                                [a.forkbox_before, "worker", "--redis", redis.url, "--queues", "bench",
-                                 "--slots", str(a.slots)])
-        elif system == "forkbox-before-noop":
-            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work,
-                                [a.noop_worker_before, redis.url, "bench", str(a.slots)])
-        elif system == "forkbox-noop":
-            extra = forkbox_cli(a.forkbox, redis, a.jobs, a.slots, work,
-                                [a.noop_worker, redis.url, "bench", str(a.slots)])
+        if system in ("forkbox", "forkbox-noop") + tuple(BEFORE):
+            extra = forkbox_cli(a.forkbox, redis, a.jobs, work, forkbox_worker(system, a, redis))
         elif system == "forkbox-loadgen":
             extra = forkbox_loadgen(a.forkbox, a.loadgen, redis, a.jobs, a.slots, work)
         elif system == "bullmq":
@@ -354,8 +351,8 @@ def section(meta, med):
              "Redis served.",
              "The job is `/bin/true` in a sandbox for forkbox, a function returning at once for BullMQ and "
              "Celery, and `/bin/true` in a child process for the second BullMQ row; forkbox's no-op rows run "
-             "nothing (`noop_worker` reads and completes as a node does and stores a `/bin/true` job's "
-             "result). Redis' cost per job "
+             "nothing (`noop_worker` reads and completes as a node's reader and outbox do and stores a "
+             "`/bin/true` job's result). Redis' cost per job "
              "depends on the job rate: a Redis kept busy serves many requests per wake-up with warm "
              "caches, one serving a few hundred jobs a second wakes up for nearly every request (compare "
              "the two BullMQ rows, whose commands are the same)."]
@@ -444,11 +441,9 @@ def write_outputs(args, readings, section_doc):
                 json.dump(doc, f, indent=1)
 
 
-def binary(flag, option, env, name):
+def binary(flag, option, env, name, build="cargo build --release -p forkbox -p forkbox-loadgen"):
     path = flag or os.environ.get(env) or os.path.join(ROOT, "target", "release", name)
     if not os.access(path, os.X_OK):
-        build = ("cargo build --release -p forkbox-queue --example noop_worker" if name.endswith("noop_worker")
-                 else "cargo build --release -p forkbox -p forkbox-loadgen")
         sys.exit(f"{name} not found at {path}: build it ({build}), or pass {option} or set {env}")
     return os.path.realpath(path)
 
@@ -500,7 +495,8 @@ def main():
                                        "forkbox-before-noop", "the earlier build's noop_worker")
     if "forkbox-noop" in systems:
         a.noop_worker = binary(a.noop_worker, "--noop-worker", "FORKBOX_NOOP_WORKER",
-                               os.path.join("examples", "noop_worker"))
+                               os.path.join("examples", "noop_worker"),
+                               "cargo build --release -p forkbox-queue --example noop_worker")
     if "forkbox-loadgen" in systems:
         a.loadgen = binary(a.loadgen, "--loadgen", "FORKBOX_LOADGEN", "forkbox-loadgen")
     ensure_peers(systems)

@@ -99,7 +99,7 @@ def test_the_no_op_worker_drains_the_cli_pipeline_on_a_real_redis(tmp_path):
         assert os.access(path, os.X_OK), f"build it first (make test-python does): {path}"
     r = redis_cost.Redis()
     try:
-        extra = redis_cost.forkbox_cli(forkbox, r, 60, 2, str(tmp_path), [noop, r.url, "bench", "2"], wait_s=60)
+        extra = redis_cost.forkbox_cli(forkbox, r, 60, str(tmp_path), [noop, r.url, "bench", "2"], wait_s=60)
         pending = r.cli("xpending", "forkbox:{bench}:jobs", "workers").split()
         left = int(r.cli("xlen", "forkbox:{bench}:jobs").strip())
     finally:

@@ -31,8 +31,7 @@ pub const DEFAULT_EXECUTABLE: &str = "/usr/bin/python3";
 /// out costs only the jobs that import it their import time. Modules that are common in such
 /// programs or cheap to hold are in; heavy ones they rarely import (`unittest`, `dataclasses`,
 /// `statistics`, `fractions`, `decimal`, `datetime`, `hashlib`, `textwrap`, `threading`) are
-/// not. `docs/benchmarks.md` measures
-/// both sides ("Which modules the default preloads").
+/// not. `docs/benchmarks.md` measures both sides ("Which modules the default preloads").
 pub const DEFAULT_PRELOAD: &[&str] = &[
     "typing",
     "math",
@@ -609,11 +608,11 @@ struct StubInput<'a> {
 
 /// Launcher side, once, before its sandbox is announced ready: the interpreter's after-fork
 /// bookkeeping (CPython's own, and the `os.register_at_fork` hooks of the preloaded modules,
-/// such as `threading`'s when it is preloaded) and the stub's reseeding. Each Python object they touch copies its
-/// page of the inherited heap (CPython 3.11 writes reference counts on every use), a few
-/// hundred pages in all; done here, that is spent while the sandbox waits, not between a job's
-/// request and its program. The launcher is already hardened and no job exists yet; it takes
-/// exactly one job, so what is seeded here is still that job's alone.
+/// such as `threading`'s when it is preloaded) and the stub's reseeding. Each Python object
+/// they touch copies its page of the inherited heap (CPython 3.11 writes reference counts on
+/// every use), a few hundred pages in all; done here, that is spent while the sandbox waits,
+/// not between a job's request and its program. The launcher is already hardened and no job
+/// exists yet; it takes exactly one job, so what is seeded here is still that job's alone.
 pub fn prepare() -> Result<(), String> {
     let Some(py) = LOADED.get() else {
         return Ok(());
