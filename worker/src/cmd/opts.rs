@@ -164,16 +164,13 @@ fn allow_entry(s: &str) -> Result<PathBuf, String> {
     {
         return Err("has a `..` in it; name the directory itself".into());
     }
-    for (own, what) in [
-        ("/proc", "its own proc"),
-        ("/dev", "its own devices"),
-        ("/tmp", "its own disk"),
-        (
-            sandbox::DEFAULT_WORK_DIR,
-            "its own disk as the working directory",
-        ),
-    ] {
-        if path.starts_with(own) {
+    let own = sandbox::rootfs::OWN_MOUNTS.map(|(dir, what)| (format!("/{dir}"), what));
+    let work = (
+        sandbox::DEFAULT_WORK_DIR.to_owned(),
+        "its own disk as the working directory",
+    );
+    for (own, what) in own.into_iter().chain([work]) {
+        if path.starts_with(&own) {
             return Err(format!(
                 "every sandbox mounts {what} on {own}, which would hide it"
             ));

@@ -226,9 +226,23 @@ fn enter_image(
     Ok(sysctls)
 }
 
-/// The mount points every root has: `/dev`, `/proc`, `/tmp` and the working directory.
+/// What every sandbox mounts of its own over its root, by mount point (the working directory,
+/// which its disk covers too, aside), and what it is: an allowlisted host directory at or
+/// below one would be hidden.
+pub const OWN_MOUNTS: [(&str, &str); 3] = [
+    ("dev", "its own devices"),
+    ("proc", "its own proc"),
+    ("tmp", "its own disk"),
+];
+
+/// The mount points every root has: [`OWN_MOUNTS`] and the working directory.
 fn mount_points(root: &Path, work_dir: &str) -> Result<(), RootfsError> {
-    for dir in ["dev", "proc", "tmp", work_dir.trim_start_matches('/')] {
+    let own = OWN_MOUNTS.map(|(dir, _)| dir);
+    for dir in own
+        .iter()
+        .copied()
+        .chain([work_dir.trim_start_matches('/')])
+    {
         let dir = root.join(dir);
         fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     }
@@ -594,6 +608,14 @@ mod tests {
                 fstype: fstype.map(str::to_owned),
                 flags,
             };
+        let disk_bind = |rel: &str| {
+            mount(
+                Some(&disk.join(rel)),
+                &root.join(rel),
+                None,
+                MsFlags::MS_BIND,
+            )
+        };
         let here = PathBuf::from(".");
         assert_eq!(
             calls,
@@ -609,24 +631,9 @@ mod tests {
                 // directories bound writable on the copy's mount points.
                 mount(Some(&root), &root, None, MsFlags::MS_BIND | MsFlags::MS_REC),
                 mount(Some(Path::new("tmpfs")), &disk, Some("tmpfs"), NOSUID_NODEV),
-                mount(
-                    Some(&disk.join("tmp")),
-                    &root.join("tmp"),
-                    None,
-                    MsFlags::MS_BIND
-                ),
-                mount(
-                    Some(&disk.join("work")),
-                    &root.join("work"),
-                    None,
-                    MsFlags::MS_BIND
-                ),
-                mount(
-                    Some(&disk.join("dev/shm")),
-                    &root.join("dev/shm"),
-                    None,
-                    MsFlags::MS_BIND
-                ),
+                disk_bind("tmp"),
+                disk_bind("work"),
+                disk_bind("dev/shm"),
                 // Proc while the host's is still visible, its sysctls opened, then protected.
                 mount(
                     Some(Path::new("proc")),
