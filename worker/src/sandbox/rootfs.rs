@@ -237,12 +237,8 @@ pub const OWN_MOUNTS: [(&str, &str); 3] = [
 
 /// The mount points every root has: [`OWN_MOUNTS`] and the working directory.
 fn mount_points(root: &Path, work_dir: &str) -> Result<(), RootfsError> {
-    let own = OWN_MOUNTS.map(|(dir, _)| dir);
-    for dir in own
-        .iter()
-        .copied()
-        .chain([work_dir.trim_start_matches('/')])
-    {
+    let own = OWN_MOUNTS.iter().map(|(dir, _)| *dir);
+    for dir in own.chain([work_dir.trim_start_matches('/')]) {
         let dir = root.join(dir);
         fs::create_dir_all(&dir).map_err(io_fail("mkdir", &dir))?;
     }
