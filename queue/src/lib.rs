@@ -67,7 +67,7 @@ pub use queue::{
 };
 pub use reclaim::{Reclaimed, HANDED_BACK_IDLE_MS, RECLAIM_PAGE};
 pub use redis_cluster::{RedisCluster, RedisClusterError};
-pub use redis_server::{RedisServer, RedisServerError, RedisServerOptions};
+pub use redis_server::{random_password, RedisServer, RedisServerError, RedisServerOptions};
 pub use schema::{
     EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, Runtime,
     RuntimeUse, Status,

@@ -3,7 +3,9 @@
 //! Tests of every crate need a real Redis they own (never the data behind port 6379), and
 //! `forkbox up` starts its own when none is reachable. [`RedisServer`] starts `redis-server` on
 //! a free 127.0.0.1 port with its data in a directory it owns, waits until the server answers
-//! `PING`, and kills it when dropped. [`RedisServer::restart`] brings it back on the same port
+//! `PING`, and kills it when dropped. A temporary data directory is made 0700, and a server
+//! given a password gets it through its standard input (`redis-server -`), never its command
+//! line, which every local user can read in `/proc/<pid>/cmdline`. [`RedisServer::restart`] brings it back on the same port
 //! and directory, so with `appendonly` the data survives a SIGKILL, which is how tests simulate
 //! a Redis crash.
 
@@ -79,6 +81,19 @@ pub struct RedisServerOptions {
     /// port) with this node timeout in milliseconds: how long a silent peer takes to be marked
     /// failed, and so most of a failover's duration. See [`crate::RedisCluster`].
     pub cluster_node_timeout_ms: Option<u64>,
+    /// Require this password (`requirepass`), so that other local users, who can reach any
+    /// loopback port, can neither read nor write the data. [`random_password`] makes one.
+    pub password: Option<String>,
+}
+
+/// A password of 64 hex digits (256 random bits minus the UUID version bits), safe to put in a
+/// URL and a Redis config line without quoting.
+pub fn random_password() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
 }
 
 impl Default for RedisServerOptions {
@@ -95,6 +110,7 @@ impl Default for RedisServerOptions {
             die_with_parent: false,
             port: None,
             cluster_node_timeout_ms: None,
+            password: None,
         }
     }
 }
@@ -145,8 +161,10 @@ impl RedisServer {
                 } else {
                     options.temp_prefix.clone()
                 };
+                // 0700: the AOF and the log hold jobs and results, which are no other user's.
                 let t = tempfile::Builder::new()
                     .prefix(&prefix)
+                    .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
                     .tempdir()
                     .map_err(RedisServerError::CreateDir)?;
                 (t.path().to_owned(), Some(t))
@@ -190,14 +208,21 @@ impl RedisServer {
         Err(last_err.expect("at least one attempt was made"))
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/`, with the password when the server has one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        self.url_via(Ipv4Addr::LOCALHOST.into())
     }
 
     /// The URL through one of the listening addresses (see [`RedisServerOptions::extra_bind`]).
     pub fn url_via(&self, addr: std::net::IpAddr) -> String {
-        format!("redis://{}/", std::net::SocketAddr::new(addr, self.port))
+        let auth = match &self.options.password {
+            Some(p) => format!(":{p}@"),
+            None => String::new(),
+        };
+        format!(
+            "redis://{auth}{}/",
+            std::net::SocketAddr::new(addr, self.port)
+        )
     }
 
     pub fn port(&self) -> u16 {
@@ -289,13 +314,23 @@ impl RedisServer {
         // A process group of its own: a terminal's Ctrl-C goes to the foreground group, and
         // the owner (e.g. `forkbox up`, still storing results) decides when Redis stops.
         cmd.process_group(0);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd.spawn().map_err(|source| RedisServerError::Spawn {
+        // The password as a config line on standard input (`-`, the last argument): anything
+        // in argv is world-readable.
+        if self.options.password.is_some() {
+            cmd.arg("-");
+            cmd.stdin(Stdio::piped());
+        } else {
+            cmd.stdin(Stdio::null());
+        }
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        let mut child = cmd.spawn().map_err(|source| RedisServerError::Spawn {
             binary: self.options.binary.clone(),
             source,
         })?;
+        if let (Some(password), Some(mut stdin)) = (&self.options.password, child.stdin.take()) {
+            // A write that fails means the server already exited, which the loop reports.
+            let _ = stdin.write_all(format!("requirepass {password}\n").as_bytes());
+        }
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
@@ -309,7 +344,7 @@ impl RedisServer {
                     });
                 }
             }
-            if ping(self.port) {
+            if ping(self.port, self.options.password.as_deref()) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -356,18 +391,34 @@ fn free_port_besides(taken: u16) -> Result<u16, RedisServerError> {
     }
 }
 
-/// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF).
-fn ping(port: u16) -> bool {
+/// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF), after
+/// `AUTH` with `password` when one is given.
+fn ping(port: u16, password: Option<&str>) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    if s.write_all(b"PING\r\n").is_err() {
+    let (request, replies) = match password {
+        Some(p) => (format!("AUTH {p}\r\nPING\r\n"), 2),
+        None => ("PING\r\n".to_owned(), 1),
+    };
+    if s.write_all(request.as_bytes()).is_err() {
         return false;
     }
-    let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    let mut got = Vec::new();
+    let mut buf = [0u8; 128];
+    while got.iter().filter(|&&b| b == b'\n').count() < replies {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    let last = got
+        .split(|&b| b == b'\n')
+        .nth(replies - 1)
+        .unwrap_or_default();
+    last.starts_with(b"+PONG")
 }
 
 /// util-linux's `setpriv`, when it is in `PATH`.

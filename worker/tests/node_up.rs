@@ -44,6 +44,17 @@ fn banner(up: &mut Child) -> String {
     banner.join("\n")
 }
 
+/// The private Redis's URL, read as the banner says: from the file of its
+/// `export FORKBOX_REDIS_URL="$(cat FILE)"` line.
+fn private_url(banner: &str) -> String {
+    let file = banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("export FORKBOX_REDIS_URL=\"$(cat "))
+        .and_then(|rest| rest.strip_suffix(")\""))
+        .unwrap_or_else(|| panic!("no FORKBOX_REDIS_URL line in {banner}"));
+    std::fs::read_to_string(file).unwrap().trim().to_owned()
+}
+
 /// Whether `pid` runs (a zombie waiting to be reaped does not).
 fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -131,16 +142,13 @@ fn up_runs_a_submitted_job_and_stops_cleanly_on_sigint() {
             .unwrap()
             .to_owned()
     };
-    let url = field("redis:");
+    let url = private_url(&banner);
     let metrics: std::net::SocketAddr = field("metrics:")
         .trim_start_matches("http://")
         .trim_end_matches("/metrics")
         .parse()
         .unwrap();
-    assert!(
-        banner.contains(&format!("forkbox submit --redis {url}")),
-        "{banner}"
-    );
+    assert!(banner.contains("forkbox submit --wait"), "{banner}");
     assert!(banner.contains("XADD 'forkbox:{default}:jobs'"), "{banner}");
 
     let page = http_get(metrics, "/metrics").1;
@@ -407,4 +415,130 @@ async fn client_commands_against_a_real_worker() {
     // A clear error when Redis is not there.
     let out = forkbox(&["stats", "--redis", "redis://127.0.0.1:1/"]);
     assert!(text(&out.stderr).contains("cannot reach Redis at redis://127.0.0.1:1/"));
+}
+
+/// Every process descended from `root` (its children, theirs, ...), `root` included.
+fn descendants(root: u32) -> Vec<u32> {
+    let mut all = vec![root];
+    let mut i = 0;
+    while i < all.len() {
+        let pid = all[i];
+        for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+        {
+            let children =
+                std::fs::read_to_string(task.unwrap().path().join("children")).unwrap_or_default();
+            all.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        i += 1;
+    }
+    all
+}
+
+#[test]
+fn own_redis_is_closed_to_other_local_users() {
+    if !nix::unistd::geteuid().is_root() || !have("/usr/sbin/runuser") && !have("/sbin/runuser") {
+        forkbox_queue::skip::skipped("needs root and runuser to act as nobody");
+        return;
+    }
+    let mut up = Command::new(BIN)
+        .args(["up", "--own-redis", "--slots", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let banner = banner(&mut up);
+    let url = private_url(&banner);
+    let password = url
+        .split_once("://:")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .map(|(p, _)| p.to_owned())
+        .unwrap_or_else(|| panic!("no password in the private URL {url}"));
+    assert!(password.len() >= 32, "{password}");
+    assert!(
+        !banner.contains(&password),
+        "the banner shows the password: {banner}"
+    );
+    let port: u16 = url
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .trim_end_matches('/')
+        .parse()
+        .unwrap();
+
+    // The URL the banner points at works, given through the environment.
+    let out = Command::new(BIN)
+        .args(["submit", "--wait", "--", "echo", "hi"])
+        .env("FORKBOX_REDIS_URL", &url)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n");
+
+    // No process up started carries the password on its command line, which every local
+    // user reads.
+    let procs = descendants(up.id());
+    assert!(
+        procs.len() >= 3,
+        "up, its zygote and redis-server: {procs:?}"
+    );
+    for pid in &procs {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        assert!(
+            !text(&cmdline).contains(&password),
+            "pid {pid} shows the password: {}",
+            text(&cmdline).replace('\0', " ")
+        );
+    }
+    let redis = *procs
+        .iter()
+        .find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "redis-server")
+        })
+        .expect("up's redis-server");
+    let data = std::fs::read_link(format!("/proc/{redis}/cwd")).unwrap();
+    let mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&data).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o700, "{}", data.display());
+
+    // Another local user: no data through the port, no look into the directory.
+    let as_nobody = |argv: &[&str]| {
+        let out = Command::new("runuser")
+            .args(["-u", "nobody", "--"])
+            .args(argv)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        format!("{}{}", text(&out.stdout), text(&out.stderr))
+    };
+    let probe = format!(
+        "import socket\n\
+         try:\n    s = socket.create_connection(('127.0.0.1', {port}), timeout=5)\n\
+         except OSError as e:\n    print('refused', e); raise SystemExit\n\
+         s.sendall(b'KEYS *\\r\\nSET forged 1\\r\\n')\n\
+         got = b''\n\
+         while got.count(b'\\n') < 2:\n    b = s.recv(4096)\n    if not b: break\n    got += b\n\
+         print(got.decode(errors='replace'))\n"
+    );
+    let said = as_nobody(&["python3", "-c", &probe]);
+    assert!(
+        said.matches("NOAUTH").count() == 2 || said.contains("refused"),
+        "nobody talked to the private Redis: {said}"
+    );
+    let listing = format!("ls {0}; cat {0}/url", data.display());
+    let said = as_nobody(&["sh", "-c", &listing]);
+    assert!(!said.contains(&password), "{said}");
+    assert!(said.contains("Permission denied"), "{said}");
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), Signal::SIGINT).unwrap();
+    assert!(up.wait().unwrap().success());
 }

@@ -8,8 +8,17 @@
 //! The private Redis does not outlive `up` even when `up` is killed outright: it is started
 //! under `setpriv --pdeathsig KILL` from the main thread (where util-linux is installed), and
 //! the data directory such an `up` leaves is removed by the next one.
+//!
+//! Any local user can reach a loopback port, so the private Redis requires a random password.
+//! It never appears on a command line (`ps` shows those to everyone): the server reads it from
+//! its standard input, the node gets it in this process, and the user gets it from files that
+//! only they can read (`url` and `password` in the 0700 data directory), which the printed
+//! instructions read with `$(cat ...)` into the environment.
 
+use std::io::Write;
 use std::net::SocketAddr;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -29,7 +38,8 @@ pub struct UpArgs {
     /// Use the Redis here when it answers; otherwise start a private one.
     #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
     pub redis: String,
-    /// Always start a private redis-server (temporary directory, free port).
+    /// Always start a private redis-server (0700 temporary directory, free port, random
+    /// password kept off every command line: its URL is written to a 0600 file).
     #[arg(long)]
     pub own_redis: bool,
     /// The port of the private redis-server, when one is started [default: a free one].
@@ -93,18 +103,21 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         let options = RedisServerOptions {
             die_with_parent: true,
             port: args.port,
+            password: Some(forkbox_queue::random_password()),
             ..RedisServerOptions::default()
         };
-        Some(RedisServer::start_with(options).context(
+        let server = RedisServer::start_with(options).context(
             "starting a private redis-server (is `redis-server` installed and in PATH? \
              FORKBOX_REDIS_SERVER names another binary)",
-        )?)
+        )?;
+        let secrets = write_secrets(&server)?;
+        Some((server, secrets))
     } else {
         None
     };
     let redis_url = private
         .as_ref()
-        .map(RedisServer::url)
+        .map(|(server, _)| server.url())
         .unwrap_or_else(|| args.redis.clone());
     let mut config = NodeConfig::new(redis_url.clone());
     config.queues = vec![args.queue.clone()];
@@ -120,7 +133,10 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
     let name = config.name.clone();
     let node = Node::new(config, engine);
     let queue = args.queue.clone();
-    let private_note = private.is_some();
+    let private_note = private.as_ref().map(|(server, secrets)| PrivateRedis {
+        port: server.port(),
+        secrets: secrets.clone(),
+    });
 
     let code = runtime()?.block_on(async move {
         let stop = StopHandle::default();
@@ -139,7 +155,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
             slots,
             &queue,
             &redis_url,
-            private_note,
+            private_note.as_ref(),
             metrics,
             args.demo,
         );
@@ -161,7 +177,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         node_task.await.context("the node task")??;
         anyhow::Ok(code)
     })?;
-    if let Some(server) = private {
+    if let Some((server, _)) = private {
         drop(server);
         eprintln!("forkbox up: stopped the worker and the private redis-server");
     } else {
@@ -170,12 +186,54 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
     Ok(code)
 }
 
+/// Where the user finds the private Redis's credentials: files only they can read.
+#[derive(Debug, Clone)]
+struct Secrets {
+    /// The URL with its password (for `FORKBOX_REDIS_URL`).
+    url: PathBuf,
+    /// The password alone (for redis-cli's `REDISCLI_AUTH`).
+    password: PathBuf,
+}
+
+/// What the banner says about a private Redis.
+struct PrivateRedis {
+    port: u16,
+    secrets: Secrets,
+}
+
+/// Writes the private server's URL and password, each 0600 in its 0700 data directory.
+fn write_secrets(server: &RedisServer) -> anyhow::Result<Secrets> {
+    let url = server.url();
+    let password = url
+        .split_once("://:")
+        .and_then(|(_, rest)| rest.split_once('@'))
+        .map(|(p, _)| p.to_owned())
+        .context("the private redis-server has no password")?;
+    let secrets = Secrets {
+        url: server.dir().join("url"),
+        password: server.dir().join("password"),
+    };
+    write_private(&secrets.url, &url)?;
+    write_private(&secrets.password, &password)?;
+    Ok(secrets)
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(format!("{text}\n").as_bytes()))
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 fn print_banner(
     name: &str,
     slots: usize,
     queue: &str,
     url: &str,
-    private: bool,
+    private: Option<&PrivateRedis>,
     metrics: Option<SocketAddr>,
     demo: bool,
 ) {
@@ -183,8 +241,8 @@ fn print_banner(
     println!(
         "  redis:   {}{}",
         redact(url),
-        if private {
-            "  (private redis-server; it stops with this node)"
+        if private.is_some() {
+            "  (private redis-server with a password; it stops with this node)"
         } else {
             ""
         }
@@ -197,12 +255,30 @@ fn print_banner(
         return;
     }
     println!("Submit a job from another terminal:");
-    println!("  forkbox submit --redis {url} --wait -- echo hi");
+    let cli = match private {
+        Some(p) => {
+            // Through the environment: a password on a command line is every user's to read.
+            println!(
+                "  export FORKBOX_REDIS_URL=\"$(cat {})\"",
+                p.secrets.url.display()
+            );
+            println!("  forkbox submit --wait -- echo hi");
+            println!(
+                "  export REDISCLI_AUTH=\"$(cat {})\"",
+                p.secrets.password.display()
+            );
+            format!("redis-cli -p {}", p.port)
+        }
+        None => {
+            println!("  forkbox submit --redis {url} --wait -- echo hi");
+            format!("redis-cli -u {url}")
+        }
+    };
     println!(
-        "  redis-cli -u {url} XADD 'forkbox:{{{queue}}}:jobs' '*' job '{{\"id\":\"hello-1\",\"cmd\":\"echo hello\"}}'"
+        "  {cli} XADD 'forkbox:{{{queue}}}:jobs' '*' job '{{\"id\":\"hello-1\",\"cmd\":\"echo hello\"}}'"
     );
-    println!("  redis-cli -u {url} BLPOP 'forkbox:{{{queue}}}:done:hello-1' 30");
-    println!("  redis-cli -u {url} GET 'forkbox:{{{queue}}}:result:hello-1'");
+    println!("  {cli} BLPOP 'forkbox:{{{queue}}}:done:hello-1' 30");
+    println!("  {cli} GET 'forkbox:{{{queue}}}:result:hello-1'");
     println!("Ctrl-C stops the node.");
 }
 
