@@ -43,6 +43,8 @@ pub(crate) struct Ran<'a> {
     pub killed: bool,
     /// The answer of the [`SandboxCheck`] (true when it was skipped).
     pub sandbox_alive: bool,
+    /// The node was short of its own resources (descriptors, memory) when the run failed.
+    pub node_short: bool,
     /// Deliveries of this entry so far, this one included.
     pub deliveries: u64,
     /// The job's own attempt limit, or the queue's.
@@ -59,8 +61,9 @@ pub(crate) enum Disposition {
     Retry,
     /// Killed because the grace period ran out: left pending, untouched, counted abandoned.
     Abandon,
-    /// The run failed because the sandbox zygote is gone, a fault of the node, not of the
-    /// job: handed back for another node, no attempt charged.
+    /// The run failed because the sandbox zygote is gone, or its set-up because the node ran
+    /// short of descriptors or memory: a fault of the node, not of the job, so it is handed
+    /// back for another node, no attempt charged.
     HandBack,
 }
 
@@ -75,6 +78,9 @@ pub(crate) fn disposition(ran: &Ran<'_>) -> Disposition {
     // A run that ended badly while the zygote died is the node's fault, whatever status it got
     // (a sandbox killed with its zygote looks `signaled`): rerun elsewhere.
     if ran.status != Status::Ok && !ran.sandbox_alive {
+        return Disposition::HandBack;
+    }
+    if ran.status == Status::Error && ran.node_short {
         return Disposition::HandBack;
     }
     match ran.status {
@@ -107,6 +113,7 @@ mod tests {
             error: None,
             killed: false,
             sandbox_alive: true,
+            node_short: false,
             deliveries: 1,
             max_attempts: 3,
         }
@@ -181,6 +188,24 @@ mod tests {
                     ..ran(Status::Error)
                 },
                 HandBack,
+            ),
+            (
+                "set-up fault of the node's descriptors, on the last delivery",
+                Ran {
+                    error: Some("memfd: EMFILE: Too many open files"),
+                    node_short: true,
+                    deliveries: 3,
+                    ..ran(Status::Error)
+                },
+                HandBack,
+            ),
+            (
+                "a job's own failure while the node is short",
+                Ran {
+                    node_short: true,
+                    ..ran(Status::Failed)
+                },
+                Store,
             ),
             (
                 "invalid, zygote gone",

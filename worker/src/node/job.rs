@@ -25,6 +25,7 @@ use crate::sandbox::Slot;
 use crate::node::admission::Hold;
 use crate::node::cancel::Start;
 use crate::node::disposition::{disposition, Disposition, Ran, SandboxCheck};
+use crate::node::gate::{node_resource_error, Descriptors};
 use crate::node::metrics as m;
 use crate::node::outbox::Outbox;
 use crate::node::shared::{Queued, Shared};
@@ -71,7 +72,7 @@ impl Shared {
         {
             Ok(_) => tracing::info!(
                 queue = d.queue,
-                "job {} handed back unrun: this node cannot run jobs",
+                "job {} handed back unrun: this node cannot run jobs now",
                 d.id
             ),
             Err(e) => self.health.failed("handing back an entry", &e),
@@ -163,12 +164,24 @@ impl Shared {
         {
             drop(admission.take());
         }
+        // A set-up that failed for want of descriptors or memory is the node's fault: the job
+        // is handed back uncharged and /healthz says so.
+        let node_short = outcome.status == Status::Error
+            && (outcome.error.as_deref().is_some_and(node_resource_error)
+                || Descriptors::now().is_some_and(Descriptors::short));
+        if node_short {
+            self.life
+                .sandbox
+                .status
+                .resource_fault(outcome.error.as_deref().unwrap_or_default());
+        }
         let max = d.max_attempts(self.config.queue.max_attempts);
         let decided = disposition(&Ran {
             status: outcome.status,
             error: outcome.error.as_deref(),
             killed,
             sandbox_alive,
+            node_short,
             deliveries: d.deliveries,
             max_attempts: max,
         });

@@ -4,19 +4,23 @@
 //! it once per process ([`install`]) and answers `GET /metrics` (the rendered text) and
 //! `GET /healthz` from a small HTTP/1.1 responder on a tokio listener ([`serve`]), which keeps
 //! hyper out of the build. Every series the node reports is registered at zero when it starts
-//! ([`register`]), so a first scrape already lists them all.
+//! ([`register`]), so a first scrape already lists them all. Any local user can reach the
+//! port, so it sits behind a [`Gate`]: at most [`METRICS_GATE`]'s connections at once, each
+//! with a few seconds to send its request head. `/healthz` fails when the node itself is short
+//! of descriptors, or a job's set-up recently failed for want of the node's own resources.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use forkbox_queue::Status;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::node::error::NodeError;
+use crate::node::gate::{read_head, Descriptors, Gate, GateLimits, HeadError};
 use crate::node::health::RedisHealth;
 pub use crate::node::health::REDIS_ERRORS;
 
@@ -149,15 +153,54 @@ pub struct NodeStatus {
     pub redis: Arc<RedisHealth>,
     /// Cleared when the sandbox engine's zygote is gone: no job can run any more.
     pub sandbox_alive: AtomicBool,
+    /// The last job set-up that failed for want of the node's own resources, and when.
+    pub resource_fault: Mutex<Option<(Instant, String)>>,
 }
 
+/// How long `/healthz` fails after a set-up fault of the node's own resources.
+const RESOURCE_FAULT_SHOWN: Duration = Duration::from_secs(30);
+
 impl NodeStatus {
+    /// Records a job set-up that failed for want of the node's resources (see
+    /// [`crate::node::gate::node_resource_error`]).
+    pub fn resource_fault(&self, error: &str) {
+        *self.resource_fault.lock().expect("status lock") = Some((Instant::now(), error.into()));
+    }
+
     fn health(&self) -> (u16, String) {
+        self.health_with(Descriptors::now())
+    }
+
+    fn health_with(&self, descriptors: Option<Descriptors>) -> (u16, String) {
         if !self.sandbox_alive.load(Ordering::Relaxed) {
             return (503, "the sandbox zygote is gone; restart the node\n".into());
         }
         if self.draining.load(Ordering::Relaxed) {
             return (503, "draining: finishing running jobs before exit\n".into());
+        }
+        if let Some(d) = descriptors.filter(|d| d.short()) {
+            return (
+                503,
+                format!(
+                    "out of descriptors: {} of {} open, fewer than {} left for setting up                      jobs\n",
+                    d.open,
+                    d.limit,
+                    d.reserve()
+                ),
+            );
+        }
+        if let Some((at, error)) = &*self.resource_fault.lock().expect("status lock") {
+            let ago = at.elapsed();
+            if ago < RESOURCE_FAULT_SHOWN {
+                return (
+                    503,
+                    format!(
+                        "a job's set-up failed {:.0} s ago for want of the node's own \
+                         resources: {error}\n",
+                        ago.as_secs_f64()
+                    ),
+                );
+            }
         }
         match self.redis.outage() {
             // Still 200: the node is alive and resumes by itself within a couple of seconds of
@@ -195,25 +238,32 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, status: Arc<
             upkeep.run_upkeep();
         }
     }));
+    let gate = Gate::new(METRICS_GATE);
     loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                // EMFILE and friends: pause instead of spinning.
-                tracing::warn!("metrics listener: accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let mut admitted = gate.accept(&listener).await;
         let handle = handle.clone();
         let status = status.clone();
         tokio::spawn(async move {
-            let _ =
-                tokio::time::timeout(Duration::from_secs(10), respond(stream, &handle, &status))
-                    .await;
+            // Borrowed, never moved out: a move of the stream alone would leave the rest of
+            // `Admitted`, the connection's place at the gate, behind to be freed at once.
+            let stream = admitted.stream_mut();
+            let _ = tokio::time::timeout(RESPONSE_TIME, respond(stream, &handle, &status)).await;
+            drop(admitted);
         });
     }
 }
+
+/// The metrics listener's bounds: far fewer connections than the descriptors the engine
+/// keeps free ([`Descriptors::reserve`], at least 64), and 5 s for a request head (a scrape
+/// sends it at once).
+pub const METRICS_GATE: GateLimits = GateLimits {
+    connections: 32,
+    head: Duration::from_secs(5),
+    head_bytes: 8192,
+};
+
+/// The whole exchange, response included, for a reader that takes the answer slowly.
+const RESPONSE_TIME: Duration = Duration::from_secs(10);
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -223,54 +273,39 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Largest request head accepted.
-const MAX_HEAD: usize = 8192;
-
 async fn respond(
-    mut stream: TcpStream,
+    stream: &mut TcpStream,
     handle: &PrometheusHandle,
     status: &NodeStatus,
 ) -> std::io::Result<()> {
-    let mut buf = Vec::with_capacity(512);
-    let mut chunk = [0u8; 1024];
-    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
+    let buf = match read_head(stream, METRICS_GATE).await {
+        Ok(head) => head,
+        Err(HeadError::TooLarge(_)) => {
+            return write_response(stream, 431, "text/plain", "request too large\n", false).await
         }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.len() > MAX_HEAD {
-            return write_response(&mut stream, 431, "text/plain", "request too large\n", false)
-                .await;
-        }
-    }
+        // Too slow, or gone: nothing to answer.
+        Err(_) => return Ok(()),
+    };
     let head = String::from_utf8_lossy(&buf);
     let mut parts = head.lines().next().unwrap_or("").split_whitespace();
     let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
     let path = target.split('?').next().unwrap_or("");
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
-        return write_response(&mut stream, 405, "text/plain", "use GET\n", false).await;
+        return write_response(stream, 405, "text/plain", "use GET\n", false).await;
     }
     match path {
         "/metrics" => {
             let body = handle.render();
-            write_response(
-                &mut stream,
-                200,
-                "text/plain; version=0.0.4",
-                &body,
-                head_only,
-            )
-            .await
+            write_response(stream, 200, "text/plain; version=0.0.4", &body, head_only).await
         }
         "/healthz" => {
             let (code, body) = status.health();
-            write_response(&mut stream, code, "text/plain", &body, head_only).await
+            write_response(stream, code, "text/plain", &body, head_only).await
         }
         _ => {
             write_response(
-                &mut stream,
+                stream,
                 404,
                 "text/plain",
                 "not found; try /metrics or /healthz\n",
@@ -305,4 +340,39 @@ async fn write_response(
         stream.write_all(body.as_bytes()).await?;
     }
     stream.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status() -> NodeStatus {
+        NodeStatus {
+            sandbox_alive: AtomicBool::new(true),
+            ..NodeStatus::default()
+        }
+    }
+
+    #[test]
+    fn healthz_fails_while_the_node_is_short_of_its_own_resources() {
+        let s = status();
+        let plenty = Descriptors {
+            open: 100,
+            limit: 4096,
+        };
+        assert_eq!(s.health_with(Some(plenty)), (200, "ok\n".into()));
+        let (code, text) = s.health_with(Some(Descriptors {
+            open: 4000,
+            limit: 4096,
+        }));
+        assert_eq!(code, 503);
+        assert!(
+            text.contains("out of descriptors: 4000 of 4096 open"),
+            "{text}"
+        );
+        s.resource_fault("memfd: EMFILE: Too many open files");
+        let (code, text) = s.health_with(Some(plenty));
+        assert_eq!(code, 503);
+        assert!(text.contains("memfd: EMFILE"), "{text}");
+    }
 }

@@ -24,6 +24,8 @@
 //! - [`metrics`]: the Prometheus recorder and the tiny HTTP responder for `/metrics` and
 //!   `/healthz`.
 //! - [`health`]: Redis error accounting and back-off.
+//! - [`gate`]: the bounds on a listening socket (connections, time to send a request head)
+//!   and the node's descriptor headroom.
 //! - [`preflight`]: what the node checks of its Redis before it reads (eviction policy, largest
 //!   value Redis takes).
 //! - [`config`]: the resolved settings of a node ([`NodeConfig`]), their defaults and checks.
@@ -36,6 +38,7 @@ pub mod cancel;
 pub mod config;
 pub mod disposition;
 pub mod error;
+pub mod gate;
 pub mod health;
 pub mod held;
 pub mod job;

@@ -86,6 +86,7 @@ impl Node {
             draining: AtomicBool::new(false),
             redis: health.clone(),
             sandbox_alive: AtomicBool::new(true),
+            resource_fault: Default::default(),
         });
         // A node whose zygote died can only fail jobs: report it unhealthy, stop reading, hand
         // back what it holds, and exit with an error so its supervisor restarts it.

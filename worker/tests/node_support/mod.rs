@@ -25,10 +25,23 @@ pub struct WorkerProc {
 impl WorkerProc {
     /// Starts `forkbox worker --redis URL --name NAME --metrics-addr 127.0.0.1:0 ARGS...`.
     pub fn start(url: &str, name: &str, args: &[&str]) -> WorkerProc {
+        WorkerProc::start_under(&[], url, name, args)
+    }
+
+    /// [`WorkerProc::start`] through a wrapper command (`prlimit --nofile=256:256 --`, say).
+    pub fn start_under(wrapper: &[&str], url: &str, name: &str, args: &[&str]) -> WorkerProc {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("worker.log");
         let out = std::fs::File::create(&log).unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = match wrapper.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .args(["worker", "--redis", url, "--name", name])
             .args(["--metrics-addr", "127.0.0.1:0"])
             .args(args)

@@ -1,0 +1,266 @@
+//! Bounds on a listening socket that other local users reach, and the node's descriptor
+//! headroom.
+//!
+//! Every process on the host can connect to a loopback port. A client that opens connections
+//! and never finishes its request would otherwise hold one of the node's descriptors each,
+//! until the engine can no longer make the memfds and pipes of the next job. A [`Gate`] in
+//! front of a listener holds at most [`GateLimits::connections`] connections at once (one more
+//! is accepted and closed at once, so the kernel's backlog never fills) and gives each
+//! [`GateLimits::head`] to send its request head ([`read_head`]). [`Descriptors`] tells how
+//! close the process is to its `RLIMIT_NOFILE`, for `/healthz` and for telling the node's own
+//! shortage from a job's fault.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// How much a [`Gate`] lets in.
+#[derive(Debug, Clone, Copy)]
+pub struct GateLimits {
+    /// Connections held at once.
+    pub connections: usize,
+    /// Time from accept to the end of the request head (`\r\n\r\n`).
+    pub head: Duration,
+    /// Largest request head, in bytes.
+    pub head_bytes: usize,
+}
+
+/// Admits connections of one listener within its [`GateLimits`].
+#[derive(Debug, Clone)]
+pub struct Gate {
+    limits: GateLimits,
+    permits: Arc<Semaphore>,
+}
+
+/// One admitted connection; its place at the gate frees when this is dropped (so the stream
+/// is lent out, never given away without it).
+#[derive(Debug)]
+pub struct Admitted {
+    stream: TcpStream,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Admitted {
+    pub fn stream_mut(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+}
+
+/// Why a request head was not read.
+#[derive(Debug, thiserror::Error)]
+pub enum HeadError {
+    #[error("the request head did not arrive within {0:?}")]
+    TooSlow(Duration),
+    #[error("the request head is over {0} bytes")]
+    TooLarge(usize),
+    #[error("the connection closed before the end of the request head")]
+    Closed,
+    #[error("reading the request head: {0}")]
+    Read(#[source] std::io::Error),
+}
+
+/// Answer to a connection over the limit, written without waiting (the socket's buffer is
+/// empty, so it fits) just before it is closed.
+const BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+
+impl Gate {
+    pub fn new(limits: GateLimits) -> Gate {
+        Gate {
+            limits,
+            permits: Arc::new(Semaphore::new(limits.connections)),
+        }
+    }
+
+    pub fn limits(&self) -> GateLimits {
+        self.limits
+    }
+
+    /// The next connection within the limit. Connections over it are closed as they arrive;
+    /// an accept that fails (EMFILE and the like) is retried after a pause instead of spinning.
+    pub async fn accept(&self, listener: &TcpListener) -> Admitted {
+        loop {
+            let stream = match listener.accept().await {
+                Ok((s, _)) => s,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            match self.permits.clone().try_acquire_owned() {
+                Ok(permit) => {
+                    return Admitted {
+                        stream,
+                        _permit: permit,
+                    }
+                }
+                Err(_) => {
+                    let _ = stream.try_write(BUSY);
+                    tracing::debug!(
+                        "refused a connection: {} already open",
+                        self.limits.connections
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Reads up to the end of an HTTP request head within the gate's limits; returns the head.
+pub async fn read_head(stream: &mut TcpStream, limits: GateLimits) -> Result<Vec<u8>, HeadError> {
+    let read = async {
+        let mut buf = Vec::with_capacity(512);
+        let mut chunk = [0u8; 1024];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut chunk).await.map_err(HeadError::Read)?;
+            if n == 0 {
+                return Err(HeadError::Closed);
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            if buf.len() > limits.head_bytes {
+                return Err(HeadError::TooLarge(limits.head_bytes));
+            }
+        }
+        Ok(buf)
+    };
+    match tokio::time::timeout(limits.head, read).await {
+        Ok(r) => r,
+        Err(_) => {
+            let _ = stream.shutdown().await;
+            Err(HeadError::TooSlow(limits.head))
+        }
+    }
+}
+
+/// The process's open descriptors against its soft `RLIMIT_NOFILE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Descriptors {
+    pub open: u64,
+    pub limit: u64,
+}
+
+impl Descriptors {
+    /// Descriptors of this process now (`/proc/self/fd`); `None` where they cannot be counted.
+    pub fn now() -> Option<Descriptors> {
+        Descriptors::of(Path::new("/proc/self/fd"))
+    }
+
+    /// Descriptors listed in `fd_dir` against this process's limit.
+    pub fn of(fd_dir: &Path) -> Option<Descriptors> {
+        let (soft, _) =
+            nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).ok()?;
+        // One entry is the directory handle the listing itself holds.
+        let open = std::fs::read_dir(fd_dir).ok()?.count().saturating_sub(1) as u64;
+        Some(Descriptors { open, limit: soft })
+    }
+
+    /// Descriptors the engine needs free to set up jobs: a sixteenth of the limit, at least
+    /// 64 (each job takes about ten while it starts).
+    pub fn reserve(self) -> u64 {
+        (self.limit / 16).max(64)
+    }
+
+    /// Fewer descriptors free than the [`reserve`](Self::reserve).
+    pub fn short(self) -> bool {
+        self.limit.saturating_sub(self.open) < self.reserve()
+    }
+}
+
+/// Whether a job's set-up error is the node running out of its own resources (descriptors,
+/// the host's file table, memory for a pipe or memfd), which is no fault of the job.
+pub fn node_resource_error(error: &str) -> bool {
+    ["EMFILE", "ENFILE", "ENOMEM"]
+        .iter()
+        .any(|errno| error.contains(errno))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reserve_is_a_sixteenth_of_the_limit_and_at_least_64() {
+        let d = |open, limit| Descriptors { open, limit };
+        assert_eq!(d(0, 256).reserve(), 64);
+        assert_eq!(d(0, 4096).reserve(), 256);
+        assert!(!d(3840, 4096).short());
+        assert!(d(3841, 4096).short());
+        assert!(d(5000, 4096).short());
+        assert!(!d(10, 256).short());
+        assert!(d(200, 256).short());
+    }
+
+    #[test]
+    fn only_resource_errnos_are_the_nodes_fault() {
+        assert!(node_resource_error("memfd: EMFILE: Too many open files"));
+        assert!(node_resource_error(
+            "pipe: ENFILE: Too many open files in system"
+        ));
+        assert!(!node_resource_error(
+            "mount /proc: EPERM: Operation not permitted"
+        ));
+        assert!(!node_resource_error("chdir work: ENOENT"));
+    }
+
+    #[test]
+    fn descriptors_counts_this_process() {
+        let before = Descriptors::now().unwrap();
+        let files: Vec<_> = (0..10).map(|_| tempfile::tempfile().unwrap()).collect();
+        let after = Descriptors::now().unwrap();
+        assert!(after.open >= before.open + 10, "{before:?} {after:?}");
+        drop(files);
+    }
+
+    #[tokio::test]
+    async fn the_gate_closes_connections_over_the_limit_and_slow_heads() {
+        let limits = GateLimits {
+            connections: 2,
+            head: Duration::from_millis(200),
+            head_bytes: 64,
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let gate = Gate::new(limits);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let acceptor = tokio::spawn(async move {
+            loop {
+                if tx.send(gate.accept(&listener).await).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /metrics HTTP/1.1\r\n").await.unwrap();
+        let mut a1 = rx.recv().await.unwrap();
+        let mut quick = TcpStream::connect(addr).await.unwrap();
+        quick.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut a2 = rx.recv().await.unwrap();
+        // A third while both are held: answered busy and closed.
+        let mut third = TcpStream::connect(addr).await.unwrap();
+        let mut got = Vec::new();
+        third.read_to_end(&mut got).await.unwrap();
+        assert!(
+            got.starts_with(b"HTTP/1.1 503"),
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        let slow_head = read_head(a1.stream_mut(), limits).await;
+        assert!(
+            matches!(slow_head, Err(HeadError::TooSlow(_))),
+            "{slow_head:?}"
+        );
+        let quick_head = read_head(a2.stream_mut(), limits).await.unwrap();
+        assert_eq!(quick_head, b"GET / HTTP/1.1\r\n\r\n");
+        drop((a1, a2));
+        acceptor.abort();
+        // The slow one was closed.
+        let mut rest = Vec::new();
+        let n = slow.read_to_end(&mut rest).await.unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+}
