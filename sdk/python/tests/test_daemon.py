@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from conftest import SDK_DIR, Daemon, short_tmpdir, start_daemon, tail, wait_for_socket
+from conftest import SDK_DIR, Daemon, Proc, short_tmpdir, start_daemon, tail, wait_for_socket
 from forkbox import AsyncForkbox, DaemonNotRunning, Forkbox, JobRejected
 
 pytestmark = pytest.mark.real
@@ -329,3 +329,116 @@ def test_code_interpreter(daemon: Daemon) -> None:
     err = python("raise ValueError('boom')")
     assert "ValueError: boom" in err and err.endswith("[status: failed, exit code 1]")
     assert python("while True: pass").endswith("[status: timeout after 2000 ms, exit code 124]")
+
+
+# -- another local user ------------------------------------------------------------------------
+
+# Listens where the daemon would, as another user, and counts what clients send it.
+SQUATTER = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen(8)
+print("listening", flush=True)
+s.settimeout(60)
+conns = total = 0
+try:
+    while conns < 2:
+        c, _ = s.accept()
+        conns += 1
+        c.settimeout(10)
+        while True:
+            try:
+                b = c.recv(65536)
+            except socket.timeout:
+                break
+            if not b:
+                break
+            total += len(b)
+        c.close()
+except socket.timeout:
+    pass
+print(f"conns={conns} bytes={total}", flush=True)
+"""
+
+
+def _as_root_with_runuser() -> None:
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("SKIPPED: needs root and runuser to act as another user (nobody)")
+
+
+def test_a_squatter_on_the_socket_gets_nothing_and_the_clients_name_it() -> None:
+    _as_root_with_runuser()
+    from forkbox import UntrustedDaemon
+
+    d = short_tmpdir("fbq-")
+    os.chmod(d, 0o1777)  # a shared directory, as /tmp is
+    path = d / "forkbox.sock"
+    squatter = subprocess.Popen(
+        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", SQUATTER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert squatter.stdout is not None
+        assert squatter.stdout.readline().strip() == "listening"
+        secret = {"API_TOKEN": "tok-4242"}
+        with pytest.raises(UntrustedDaemon) as sync_err:
+            Forkbox(socket=path).run("echo hi", env=secret, files={"key.pem": "private"})
+
+        async def main() -> None:
+            async with AsyncForkbox(socket=path) as fb:
+                await fb.run("echo hi", env=secret)
+
+        with pytest.raises(UntrustedDaemon) as async_err:
+            asyncio.run(main())
+        out, _ = squatter.communicate(timeout=60)
+    finally:
+        if squatter.poll() is None:
+            squatter.kill()
+    assert out.strip() == "conns=2 bytes=0", out
+    for e in (sync_err.value, async_err.value):
+        assert str(path) in str(e) and "uid 65534 (nobody)" in str(e), str(e)
+        assert e.uid == 65534
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_default_socket_is_in_a_directory_only_its_user_can_write(forkbox_bin: Path) -> None:
+    _as_root_with_runuser()
+    import forkbox._wire as wire
+
+    tmp = short_tmpdir("fbt-")
+    os.chmod(tmp, 0o1777)
+    env = {k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR", "FORKBOX_SOCKET")}
+    env["TMPDIR"] = str(tmp)
+    private = tmp / f"forkbox-{os.geteuid()}"
+    old = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        assert wire.default_socket_path() == str(private / "forkbox.sock")
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+
+    # Another user made the directory first: the daemon refuses it, naming its owner.
+    subprocess.run(["runuser", "-u", "nobody", "--", "mkdir", "-m", "0777", str(private)], check=True)
+    proc = Proc("forkbox daemon", [str(forkbox_bin), "daemon", "--slots", "1"], tmp / "squatted.log", env=env)
+    code = proc.popen.wait(30)
+    assert code != 0, tail(proc.log)
+    assert f"{private} is owned by uid 65534" in tail(proc.log), tail(proc.log)
+    shutil.rmtree(private)
+
+    # Free: the daemon makes it 0700 and serves there.
+    proc = Proc("forkbox daemon", [str(forkbox_bin), "daemon", "--slots", "1"], tmp / "daemon.log", env=env)
+    try:
+        wait_for_socket(proc, private / "forkbox.sock")
+        st = os.lstat(private)
+        assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid(), st
+        assert stat.S_IMODE(st.st_mode) == 0o700, oct(st.st_mode)
+        res = Forkbox(socket=private / "forkbox.sock").run("echo hi")
+        assert res.stdout == "hi\n", res
+    finally:
+        proc.stop()
+    shutil.rmtree(tmp, ignore_errors=True)

@@ -9,7 +9,10 @@
 //!
 //! The socket is created with mode 0600 (0660 with `--group`) under a restrictive umask, so it
 //! is never reachable by other users, even for an instant. An existing path is only replaced
-//! when it is a stale socket of ours (nothing listening); anything else is refused.
+//! when it is a stale socket of ours (nothing listening); anything else is refused. The
+//! default path is in a directory only this user can write (`$XDG_RUNTIME_DIR`, else
+//! `$TMPDIR/forkbox-<uid>` made 0700 and checked to be ours and not a symlink), so no other
+//! user can take the name first; clients check the server's identity besides (`SO_PEERCRED`).
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -29,7 +32,8 @@ use super::opts::SandboxOpts;
 /// Options of `forkbox daemon`.
 #[derive(Debug, clap::Args)]
 pub struct DaemonCmd {
-    /// Socket path [default: $XDG_RUNTIME_DIR/forkbox.sock, else /tmp/forkbox.sock].
+    /// Socket path [default: $XDG_RUNTIME_DIR/forkbox.sock, else
+    /// ${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock, in a directory made 0700].
     #[arg(long, env = "FORKBOX_SOCKET")]
     pub socket: Option<PathBuf>,
     /// Let this group connect too (socket mode 0660 instead of 0600).
@@ -45,19 +49,73 @@ pub struct DaemonCmd {
     pub sandbox: SandboxOpts,
 }
 
-/// The socket path used when none is given.
-pub fn default_socket() -> PathBuf {
+/// The socket path used when none is given, and the directory of it that must be made private
+/// (none for `$XDG_RUNTIME_DIR`, which is the user's own by definition).
+pub fn default_socket() -> (PathBuf, Option<PathBuf>) {
     match std::env::var_os("XDG_RUNTIME_DIR") {
         Some(dir) if !dir.is_empty() && Path::new(&dir).is_dir() => {
-            Path::new(&dir).join("forkbox.sock")
+            (Path::new(&dir).join("forkbox.sock"), None)
         }
-        _ => PathBuf::from("/tmp/forkbox.sock"),
+        _ => {
+            let tmp = match std::env::var_os("TMPDIR") {
+                Some(t) if !t.is_empty() => PathBuf::from(t),
+                _ => PathBuf::from("/tmp"),
+            };
+            let dir = tmp.join(format!("forkbox-{}", nix::unistd::Uid::effective()));
+            (dir.join("forkbox.sock"), Some(dir))
+        }
     }
+}
+
+/// Makes `dir` (mode 0700) or checks that the one there is a directory, not a symlink, owned
+/// by this user and closed to others: a directory another user made first would let them
+/// replace the socket.
+fn private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+    }
+    let meta =
+        std::fs::symlink_metadata(dir).with_context(|| format!("inspecting {}", dir.display()))?;
+    let me = nix::unistd::Uid::effective().as_raw();
+    if !meta.file_type().is_dir() {
+        bail!(
+            "{} is not a directory (a symlink or a file, owned by uid {}); refusing to put the              socket there: remove it, or give --socket",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.uid() != me {
+        bail!(
+            "{} is owned by uid {}, not by us (uid {me}); another user may have made it to take              the socket's place: remove it, or give --socket",
+            dir.display(),
+            meta.uid()
+        );
+    }
+    if meta.mode() & 0o077 != 0 {
+        bail!(
+            "{} has mode {:o}: other users could replace the socket; chmod 700 it, or give              --socket",
+            dir.display(),
+            meta.mode() & 0o7777
+        );
+    }
+    Ok(())
 }
 
 pub fn main(cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
     super::init_logging();
-    let path = cmd.socket.clone().unwrap_or_else(default_socket);
+    let path = match cmd.socket.clone() {
+        Some(path) => path,
+        None => {
+            let (path, dir) = default_socket();
+            if let Some(dir) = dir {
+                private_dir(&dir)?;
+            }
+            path
+        }
+    };
     let gid = match &cmd.group {
         Some(name) => Some(
             nix::unistd::Group::from_name(name)

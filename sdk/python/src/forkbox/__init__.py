@@ -7,7 +7,16 @@
 
 from .aio import AsyncForkbox
 from .client import Forkbox, default_socket_path
-from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, JobRejected, PartitionsMismatch, ProtocolError, Timeout
+from .errors import (
+    ConnectionLost,
+    DaemonNotRunning,
+    ForkboxError,
+    JobRejected,
+    PartitionsMismatch,
+    ProtocolError,
+    Timeout,
+    UntrustedDaemon,
+)
 from .job import build_job
 from .redis_queue import Batch, Queue
 from .result import STATUSES, Result
@@ -28,6 +37,7 @@ __all__ = [
     "Result",
     "STATUSES",
     "Timeout",
+    "UntrustedDaemon",
     "build_job",
     "default_socket_path",
 ]

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket as _socket
+import struct
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Union
 
-from .errors import JobRejected, ProtocolError
+from .errors import ForkboxError, JobRejected, ProtocolError, UntrustedDaemon
 from .job import DEFAULT_TIMEOUT_MS
 from .result import Result
 
@@ -22,14 +24,31 @@ DEFAULT_WAIT_SLACK_S = 60.0
 
 
 def default_socket_path() -> str:
-    """``$FORKBOX_SOCKET``, else ``$XDG_RUNTIME_DIR/forkbox.sock``, else ``/tmp/forkbox.sock``."""
+    """``$FORKBOX_SOCKET``, else ``$XDG_RUNTIME_DIR/forkbox.sock``, else
+    ``${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock`` (the daemon makes that directory 0700), as
+    ``forkbox daemon`` chooses."""
     explicit = os.environ.get("FORKBOX_SOCKET")
     if explicit:
         return explicit
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
+    if runtime and os.path.isdir(runtime):
         return os.path.join(runtime, "forkbox.sock")
-    return "/tmp/forkbox.sock"
+    tmp = os.environ.get("TMPDIR") or "/tmp"
+    return os.path.join(tmp, f"forkbox-{os.geteuid()}", "forkbox.sock")
+
+
+def check_daemon_identity(sock: _socket.socket, socket_path: str) -> None:
+    """Refuses a server that is neither this user nor root, before a byte is sent to it.
+
+    The socket's path proves nothing (another user may have bound it first); the kernel's
+    record of who listens (``SO_PEERCRED``) does.
+    """
+    peercred = getattr(_socket, "SO_PEERCRED", None)
+    if peercred is None:
+        raise ForkboxError(f"cannot check who serves {socket_path}: no SO_PEERCRED on this system")
+    pid, uid, _gid = struct.unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
+    if uid not in (os.geteuid(), 0):
+        raise UntrustedDaemon(socket_path, uid, pid)
 
 
 def encode_request(job: Mapping[str, Any], stream: bool) -> bytes:

@@ -15,6 +15,7 @@ from ._wire import (
     DEFAULT_WAIT_SLACK_S,
     MAX_LINE_BYTES,
     OutputCallback,
+    check_daemon_identity,
     decode_line,
     default_socket_path,
     encode_request,
@@ -178,6 +179,11 @@ class AsyncForkbox:
                 ) from None
             except asyncio.TimeoutError:
                 raise Timeout(f"timed out connecting to {self.socket_path}") from None
+            try:
+                check_daemon_identity(writer.get_extra_info("socket"), self.socket_path)
+            except BaseException:
+                writer.close()
+                raise
             self._reader, self._writer = reader, writer
             self._reader_task = loop.create_task(self._read_loop(reader))
             return writer

@@ -33,6 +33,7 @@ from ._wire import (
     DEFAULT_WAIT_SLACK_S,
     MAX_LINE_BYTES,
     OutputCallback,
+    check_daemon_identity,
     decode_line,
     default_socket_path,
     encode_request,
@@ -157,7 +158,8 @@ class Forkbox:
     """Client of the local daemon.
 
     ``Forkbox.run("echo hi")`` runs on a shared client for the default socket
-    (``$FORKBOX_SOCKET``, else ``$XDG_RUNTIME_DIR/forkbox.sock``, else ``/tmp/forkbox.sock``);
+    (``$FORKBOX_SOCKET``, else ``$XDG_RUNTIME_DIR/forkbox.sock``, else
+    ``${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock``);
     ``Forkbox(socket="/path/fb.sock").run(...)`` on a client of its own.
 
     The client keeps up to ``max_connections`` open connections; more concurrent calls wait for
@@ -352,6 +354,11 @@ class Forkbox:
             sock.close()
             if e.errno in (errno.ENOTSOCK, errno.ENOENT, errno.ECONNREFUSED):
                 raise DaemonNotRunning(self.socket_path, os.strerror(e.errno)) from None
+            raise
+        try:
+            check_daemon_identity(sock, self.socket_path)
+        except BaseException:
+            sock.close()
             raise
         return _Conn(sock)
 

@@ -5,6 +5,7 @@ Every failure is an exception: a call never returns ``None`` in place of a resul
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
@@ -13,6 +14,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ForkboxError",
     "DaemonNotRunning",
+    "UntrustedDaemon",
     "ConnectionLost",
     "JobRejected",
     "Timeout",
@@ -35,6 +37,28 @@ class DaemonNotRunning(ForkboxError, ConnectionError):
         super().__init__(
             f"no forkbox daemon is listening on {socket_path}{detail}; "
             f"start one with: forkbox daemon --socket {socket_path}"
+        )
+
+
+class UntrustedDaemon(ForkboxError, PermissionError):
+    """The process serving the socket is another user's (neither ours nor root's): it may
+    have taken the path to read jobs. Nothing was sent to it."""
+
+    def __init__(self, socket_path: str, uid: int, pid: int) -> None:
+        self.socket_path = socket_path
+        self.uid = uid
+        self.pid = pid
+        try:
+            import pwd
+
+            owner = f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+        except (ImportError, KeyError):
+            owner = f"uid {uid}"
+        super().__init__(
+            f"refusing to use {socket_path}: it is served by {owner}, pid {pid}, which is neither "
+            f"this user (uid {os.geteuid()}) nor root; another user may have taken the path. "
+            "Nothing was sent. Remove it, or start your own daemon on a path in a directory only "
+            "you can write"
         )
 
 
