@@ -7,9 +7,9 @@
 //! makes the kernel kill anything still alive in the pid namespace.
 //!
 //! Its steps, in order: [`serve`] builds the sandbox (session, priority, OOM rank,
-//! parent-death signal, descriptors, the id maps, hostname, root, ipc limits, the working
-//! directory) and forks the launcher; [`supervise`] takes the report pipe, adjusts the sandbox
-//! to the job, reaps, and reports.
+//! parent-death signal, descriptors, the id maps, hostname, root, ipc limits, the user
+//! namespace's counts, the working directory) and forks the launcher; [`supervise`] takes the
+//! report pipe, adjusts the sandbox to the job, reaps, and reports.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -23,6 +23,7 @@ use nix::unistd::Pid;
 
 use super::budget::{self, CpuBudget};
 use super::collect;
+use super::counts;
 use super::hardening::Hardening;
 use super::held;
 use super::identity;
@@ -122,6 +123,8 @@ fn serve(one: &SingleThreaded, sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Sid
     // Limits for the default job now, while no job waits; a job with another memory limit
     // has them set again before it starts (see `supervise`).
     ipc::bound(&sysctls, cfg.defaults.memory_mb)?;
+    // Before the launcher exists: none of the job's objects counts only against the host uid.
+    counts::bound(&sysctls)?;
     // Opened while no job has run: nothing it plants on the way to the working directory can
     // redirect where collecting starts.
     let work: OwnedFd = fs::File::open(&cfg.work_dir)

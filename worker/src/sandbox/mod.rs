@@ -20,13 +20,14 @@
 //!
 //! The processes it starts, one file each: `zygote` (with its `watchdog`), `init` (pid 1 of
 //! each sandbox), and `launcher` (which becomes the program), with the isolation steps they
-//! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `limits`,
+//! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `counts`, `limits`,
 //! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `collect`.
 //! Messages between them are in `wire`; every `unsafe` block is in `sys`.
 
 pub mod budget;
 pub mod cgroup;
 pub mod collect;
+pub mod counts;
 mod engine;
 mod event_loop;
 mod events;
