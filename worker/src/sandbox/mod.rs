@@ -21,7 +21,8 @@
 //! The processes it starts, one file each: `zygote` (with its `watchdog`), `init` (pid 1 of
 //! each sandbox), and `launcher` (which becomes the program), with the isolation steps they
 //! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `counts`, `limits`,
-//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `collect`.
+//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `memory`,
+//! `collect`.
 //! Messages between them are in `wire`; every `unsafe` block is in `sys`.
 
 pub mod budget;
@@ -39,6 +40,7 @@ pub mod init;
 pub mod ipc;
 pub mod launcher;
 pub mod limits;
+pub mod memory;
 pub mod netns;
 mod outcome;
 mod output;
