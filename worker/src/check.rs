@@ -131,11 +131,12 @@ pub fn delegation_hints() -> Vec<String> {
          `systemd-run -p Delegate=yes --wait --pty forkbox ...`; see docs/operations.md \
          (\"Why Delegate=yes\")"
             .into(),
-        "hint  without cgroups: memory is RLIMIT_DATA per process (writable private memory; \
-         the address space V8, the JVM, Go and BEAM only reserve is not counted, so they \
-         start), a job of several processes gets the memory and CPU budget per process, and \
-         an out-of-memory end is only reported as memory_limit when the program's own \
-         message and its peak show it"
+        "hint  without cgroups: memory is one budget per sandbox kept by its init from /proc \
+         every 10 to 100 ms (a job filling memory fast overshoots by up to about 80 MiB), plus \
+         RLIMIT_DATA per process (the address space V8, the JVM, Go and BEAM only reserve is \
+         not counted, so they start); socket and pipe buffers are counted by neither, and \
+         an out-of-memory end inside one process is only reported as memory_limit when the \
+         program's own message and its peak show it"
             .into(),
     ]
 }
@@ -182,8 +183,11 @@ pub fn limit_mechanisms(delegation: &Delegation) -> Vec<(&'static str, String)> 
                 )
             } else {
                 format!(
-                    "RLIMIT_DATA per process (writable private memory, not address space \
-                     reservations); {why}"
+                    "one budget for the whole sandbox, kept by its init from /proc (anonymous \
+                     and shared memory and page tables of every process, killed past the \
+                     limit as memory_limit), plus RLIMIT_DATA per process (writable private \
+                     memory, not address space reservations) and seccomp refusing stack and \
+                     shared anonymous mappings; {why}"
                 )
             },
         ),
@@ -226,7 +230,9 @@ mod tests {
             limit_mechanisms(&Delegation::Unavailable("controllers not delegated".into()));
         let memory = &without.iter().find(|(l, _)| *l == "memory").unwrap().1;
         assert!(
-            memory.starts_with("RLIMIT_DATA") && memory.contains("controllers not delegated"),
+            memory.starts_with("one budget for the whole sandbox")
+                && memory.contains("RLIMIT_DATA")
+                && memory.contains("controllers not delegated"),
             "{memory}"
         );
         let with = limit_mechanisms(&Delegation::Delegated("/sys/fs/cgroup/x".into()));

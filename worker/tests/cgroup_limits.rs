@@ -610,5 +610,8 @@ fn a_shared_cgroup_is_refused_with_the_reason() {
     assert!(text.contains("exit=0"), "{text}");
     assert!(text.contains("holds other processes"), "{text}");
     assert!(text.contains("Delegate="), "{text}");
-    assert!(text.contains("limit memory       RLIMIT_DATA"), "{text}");
+    assert!(
+        text.contains("limit memory       one budget for the whole sandbox"),
+        "{text}"
+    );
 }

@@ -709,6 +709,158 @@ fn memory_limit_stops_a_large_allocation() {
     }
 }
 
+/// Takes memory that `RLIMIT_DATA` does not count, in one of several ways, touching it 1 MiB at a
+/// time and printing `T <MiB>` at every 16 MiB (for `tables`, the MiB of page tables it has
+/// made the kernel allocate); `refused <errno>` if the mapping is refused, `done` at the end.
+const HOG: &str = r#"
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+static void touch(char *p, size_t len, size_t step, size_t per_mib) {
+    volatile char sink = 0;
+    for (size_t off = 0, n = 0; off < len; off += step, n++) {
+        if (per_mib == 0) p[off] = 1; else sink += p[off];
+        if (n % (16 * (per_mib ? per_mib : 256)) == 0) { printf("T %zu\n", per_mib ? n / per_mib : off >> 20); fflush(stdout); }
+    }
+}
+int main(int argc, char **argv) {
+    const char *how = argv[1];
+    size_t len = strtoull(argv[2], 0, 0) << 20;
+    char *p = MAP_FAILED;
+    if (!strcmp(how, "shared")) p = mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (!strcmp(how, "zero")) p = mmap(0, len, PROT_READ | PROT_WRITE, MAP_SHARED, open("/dev/zero", O_RDWR), 0);
+    if (!strcmp(how, "growsdown")) p = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_GROWSDOWN, -1, 0);
+    if (!strcmp(how, "tables")) {
+        /* A read-only reservation: read once every 2 MiB, each read costs a page of page tables. */
+        p = mmap(0, len, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) { printf("refused %d\n", errno); return 0; }
+        touch(p, len, 2 << 20, 256);
+        printf("done\n");
+        return 0;
+    }
+    if (!strcmp(how, "processes")) {
+        /* Four processes, each under the per-process limit. */
+        for (int i = 0; i < 3; i++) if (fork() == 0) break;
+        p = mmap(0, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (p == MAP_FAILED) { printf("refused %d\n", errno); return 0; }
+    touch(p, len, 4096, 0);
+    if (!strcmp(how, "processes")) { sleep(2); while (wait(0) > 0); }
+    printf("done\n");
+    return 0;
+}
+"#;
+
+/// The most the hog said it had touched, in MiB.
+fn touched_mib(stdout: &str) -> u64 {
+    stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("T ")?.trim().parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Memory that `RLIMIT_DATA` does not count stays within the job's limit without cgroups: each
+/// way is refused or ends as `memory_limit` near the limit, and what the job held shows in its
+/// peak. Before, each ran to the end: 1.5 GiB of shared memory, of a stack mapping, 512 GiB of
+/// reservation with 1 GiB of page tables, or four processes of 100 MiB each, under 128 MiB.
+#[test]
+fn memory_outside_the_data_rlimit_stays_within_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let (src, bin) = (dir.path().join("hog.c"), dir.path().join("hog"));
+    std::fs::write(&src, HOG).unwrap();
+    let built = Command::new("gcc")
+        .arg("-O1")
+        .arg("-o")
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .expect("gcc (make deps installs it)");
+    assert!(built.success());
+    let file = format!("hog={}", bin.display());
+    let cases = [
+        ("shared", "1536"),
+        ("zero", "1536"),
+        ("growsdown", "1536"),
+        ("tables", "524288"),
+        ("processes", "100"),
+    ];
+    for who in identities() {
+        for (how, mib) in cases {
+            let opts = [
+                "--memory-mb",
+                "128",
+                "--pids",
+                "4",
+                "--timeout-ms",
+                "60000",
+                "--file",
+                &file,
+            ];
+            let ran = run_json(
+                who,
+                &opts,
+                &format!("chmod +x hog && exec ./hog {how} {mib}"),
+            );
+            let out = ran.stdout();
+            assert!(
+                !out.contains("done"),
+                "{who:?} {how}: ran to the end: {}",
+                ran.json
+            );
+            let touched = touched_mib(out);
+            if let Some(errno) = out.lines().find_map(|l| l.strip_prefix("refused ")) {
+                assert_eq!(errno.trim(), libc::ENOMEM.to_string(), "{who:?} {how}");
+                assert_eq!(touched, 0, "{who:?} {how}");
+                continue;
+            }
+            assert_eq!(ran.status(), "memory_limit", "{who:?} {how}: {}", ran.json);
+            // Stopped near the limit: one check's worth of filling past it at most.
+            assert!(touched <= 256, "{who:?} {how}: {touched} MiB touched");
+            let peak_kb = ran.json["max_rss_kb"].as_u64().unwrap();
+            assert!(peak_kb >= 128 * 1024, "{who:?} {how}: peak {peak_kb} KiB");
+        }
+    }
+}
+
+/// Python's anonymous `mmap` is shared anonymous memory: refused at once, cold and warm.
+#[test]
+fn python_anonymous_mmap_is_refused_cold_and_warm() {
+    let program = "import mmap\ntry:\n    m = mmap.mmap(-1, 1 << 30)\n    \
+                   for i in range(0, len(m), 4096): m[i] = 1\n    print('touched')\n\
+                   except OSError as e:\n    print('refused', e.errno)\n";
+    for who in identities() {
+        for runtime in [None, Some("python")] {
+            let mut c = command(who);
+            c.args(["run", "--json", "--memory-mb", "128", "--pids", "4"]);
+            if let Some(r) = runtime {
+                c.args(["--runtime", r]);
+            }
+            c.args(["--", "python3", "-c", program]);
+            let ran = finish(who, c.stdin(Stdio::null()).output().unwrap());
+            if runtime.is_some() {
+                assert_eq!(ran.json["runtime"]["warm"], true, "{who:?}: {}", ran.json);
+            }
+            assert_eq!(
+                ran.stdout(),
+                format!("refused {}\n", libc::ENOMEM),
+                "{who:?} {runtime:?}: {}",
+                ran.json
+            );
+        }
+    }
+}
+
 #[test]
 fn programs_hold_no_capabilities_and_no_new_privs() {
     for who in identities() {

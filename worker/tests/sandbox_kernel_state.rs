@@ -425,7 +425,7 @@ out["sem"] = [sems, why]
 # POSIX message queues of the largest size allowed, until refused.
 class attr(ctypes.Structure):
     _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long), ("cur", ctypes.c_long), ("pad", ctypes.c_long * 4)]
-a = attr(0, 10, 8192, 0)
+a = attr(0, 10, 2048, 0)
 n, why = 0, None
 while n < 4096:
     ctypes.set_errno(0)
@@ -439,8 +439,9 @@ print(json.dumps(out))
 #[test]
 fn ipc_objects_are_stopped_near_the_memory_limit() {
     // With 64 MiB of memory: SysV shared memory up to half of it, message queues up to 16 of
-    // 16 KiB, semaphores 4096, POSIX queues 8. Without those bounds each hog runs to its cap
-    // of 256 MiB (1 GiB and more, unbounded).
+    // 16 KiB, semaphores 4096, POSIX queues one of the largest size (the job's 32 KiB
+    // `RLIMIT_MSGQUEUE`, then EMFILE). Without those bounds each hog runs to its cap of 256 MiB
+    // (1 GiB and more, unbounded).
     let program = format!(
         "{PRELUDE}{}",
         IPC_HOGS.replace("CAP", &(256u64 << 20).to_string())
@@ -487,7 +488,7 @@ fn ipc_objects_are_stopped_near_the_memory_limit() {
         );
         assert_eq!(
             got["mqueue"],
-            serde_json::json!([8, libc::ENOSPC]),
+            serde_json::json!([1, libc::EMFILE]),
             "{who:?}"
         );
     }

@@ -240,3 +240,179 @@ fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() 
     assert_eq!(second["status"], "ok", "{second}");
     assert_eq!(second["stdout"], "second\n", "{second}");
 }
+
+/// Queues real-time signals to itself, then makes POSIX timers, then POSIX message queues of the
+/// default sizes, each until the kernel refuses one; prints what it got and why it stopped,
+/// renames itself to `argv[1]` so the host sees it is done, and holds them.
+const QUEUER: &str = r#"
+import ctypes, json, os, signal, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+sig = signal.SIGRTMIN
+signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+out = {}
+n = 0
+while n < 200000:
+    ctypes.set_errno(0)
+    if libc.sigqueue(os.getpid(), sig, ctypes.c_void_p(n)) != 0:
+        break
+    n += 1
+out["signals"] = [n, ctypes.get_errno()]
+timers = []
+while len(timers) < 200000:
+    t = ctypes.c_void_p()
+    ctypes.set_errno(0)
+    if libc.timer_create(1, None, ctypes.byref(t)) != 0:
+        break
+    timers.append(t)
+out["timers"] = [len(timers), ctypes.get_errno()]
+q = 0
+while q < 4096:
+    ctypes.set_errno(0)
+    if libc.mq_open(("/fbx%d" % q).encode(), os.O_CREAT | os.O_RDWR, 0o600, None) < 0:
+        break
+    q += 1
+out["queues"] = [q, ctypes.get_errno()]
+print(json.dumps(out), flush=True)
+libc.prctl(15, sys.argv[1].encode(), 0, 0, 0)
+time.sleep(60)
+"#;
+
+/// What the host user can still do while the job holds its counts: queue a signal, make a
+/// timer, and open as many default message queues as it can (up to 16), each closed and
+/// unlinked again.
+const HOST_SIDE: &str = r#"
+import ctypes, json, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+sig = signal.SIGRTMIN
+signal.pthread_sigmask(signal.SIG_BLOCK, [sig])
+out = {}
+ctypes.set_errno(0)
+out["sigqueue"] = [libc.sigqueue(os.getpid(), sig, ctypes.c_void_p(1)), ctypes.get_errno()]
+t = ctypes.c_void_p()
+ctypes.set_errno(0)
+out["timer_create"] = [libc.timer_create(1, None, ctypes.byref(t)), ctypes.get_errno()]
+opened, why = [], 0
+while len(opened) < 16:
+    name = ("/fbx-host-%d-%d" % (os.getpid(), len(opened))).encode()
+    ctypes.set_errno(0)
+    fd = libc.mq_open(name, os.O_CREAT | os.O_RDWR, 0o600, None)
+    if fd < 0:
+        why = ctypes.get_errno()
+        break
+    opened.append(name)
+for name in opened:
+    libc.mq_unlink(name)
+out["mq_open"] = [len(opened), why]
+print(json.dumps(out))
+"#;
+
+/// The host user's side, as `who`.
+fn host_side(who: &str) -> Value {
+    let out = Command::new("runuser")
+        .args(["-u", who, "--", "python3", "-c", HOST_SIDE])
+        .stdin(Stdio::null())
+        .output()
+        .expect("python3 on the host");
+    assert!(out.status.success(), "{who}: host side: {out:?}");
+    serde_json::from_slice(&out.stdout).expect("host side prints JSON")
+}
+
+fn check_counts(who: &str) {
+    let before = host_side(who);
+    let done = format!("fbxq{}", std::process::id());
+    let holder = forkbox_run(who, &["--timeout-ms", "30000"])
+        .args(["--", "python3", "-c", QUEUER, &done])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning forkbox");
+    let ready = sandbox_support::wait_until(Duration::from_secs(60), || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .any(|e| std::fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.trim() == done))
+    });
+    let during = ready.then(|| host_side(who));
+    let _ = Command::new("pkill").args(["-KILL", "-x", &done]).status();
+    let held = holder.wait_with_output().unwrap();
+    assert!(ready, "{who}: the job never filled its counts");
+    let held: Value = serde_json::from_slice(&held.stdout).expect("holder outcome is JSON");
+    let got: Value = serde_json::from_str(held["stdout"].as_str().unwrap_or("").trim())
+        .unwrap_or_else(|e| panic!("{who}: job output not JSON ({e}): {held}"));
+    let during = during.unwrap();
+    // Meanwhile the host user's own calls work as before.
+    assert_eq!(
+        during["sigqueue"],
+        serde_json::json!([0, 0]),
+        "{who}: {during}"
+    );
+    assert_eq!(
+        during["timer_create"],
+        serde_json::json!([0, 0]),
+        "{who}: {during}"
+    );
+    let queues = |v: &Value| v["mq_open"][0].as_u64().unwrap();
+    assert!(
+        queues(&during) + 1 >= queues(&before),
+        "{who}: the host user opened {} message queues while the job held its own, {} before",
+        queues(&during),
+        queues(&before)
+    );
+    // The job stops at its own count, far below the node's (96,367 signals on a 24 GiB host).
+    let signals = got["signals"][0].as_u64().unwrap();
+    assert!(
+        signals <= 256,
+        "{who}: the job queued {signals} signals: {got}"
+    );
+    assert_eq!(got["signals"][1], libc::EAGAIN, "{who}: {got}");
+    // Timers take from the same count.
+    assert!(
+        signals + got["timers"][0].as_u64().unwrap() <= 256,
+        "{who}: {got}"
+    );
+    assert_eq!(got["timers"][1], libc::EAGAIN, "{who}: {got}");
+    assert!(got["queues"][0].as_u64().unwrap() <= 1, "{who}: {got}");
+    assert_eq!(got["queues"][1], libc::EMFILE, "{who}: {got}");
+}
+
+/// A job that queues signals, makes timers and opens message queues until refused stops at
+/// counts of its own, and the host user the sandbox is charged to (host root, or the rootless
+/// node's) can still queue a signal, make a timer and open message queues meanwhile.
+#[test]
+fn signals_timers_and_message_queues_of_a_job_leave_the_host_users_own() {
+    if is_root() {
+        check_counts("root");
+        check_counts("nobody");
+    } else {
+        forkbox_queue::skip::skipped(
+            "needs root to run forkbox as root and as nobody through runuser",
+        );
+    }
+}
+
+/// Every count the kernel keeps per user namespace is at 0 in the sandbox's: whatever the job
+/// makes, it is refused there before it counts against the host uid.
+#[test]
+fn the_sandbox_user_namespace_has_no_counts_to_fill() {
+    let program = r#"
+import json, os
+print(json.dumps({n: open("/proc/sys/user/" + n).read().strip() for n in sorted(os.listdir("/proc/sys/user"))}))
+"#;
+    let whos: &[&str] = if is_root() { &["root", "nobody"] } else { &[] };
+    if whos.is_empty() {
+        forkbox_queue::skip::skipped("needs root to run forkbox as root and as nobody");
+    }
+    for who in whos {
+        let out = forkbox_run(who, &["--", "python3", "-c", program])
+            .output()
+            .expect("spawning forkbox");
+        let ran: Value = serde_json::from_slice(&out.stdout).expect("outcome is JSON");
+        assert_eq!(ran["status"], "ok", "{who}: {ran}");
+        let got: Value = serde_json::from_str(ran["stdout"].as_str().unwrap().trim()).unwrap();
+        let got = got.as_object().unwrap();
+        assert!(got.len() >= 10, "{who}: {got:?}");
+        for (name, value) in got {
+            assert_eq!(value, "0", "{who}: {name}");
+        }
+    }
+}

@@ -32,6 +32,8 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use super::memory::{self, MemoryBudget};
+
 /// The shortest time between two checks.
 pub const MIN_CHECK: Duration = Duration::from_millis(25);
 /// The longest time between two checks.
@@ -157,18 +159,27 @@ fn cpu_fields(stat: &str) -> Option<([u64; 4], u64)> {
     Some((times, start))
 }
 
-/// `waitpid(-1)` for the init that also keeps the budget: while no child has changed state it
-/// sleeps on `SIGCHLD` (through a signalfd) until the next check is due.
+/// `waitpid(-1)` for the init that also keeps the budgets (CPU time, and memory: see
+/// `memory`): while no child has changed state it sleeps on `SIGCHLD` (through a signalfd)
+/// until the next check is due.
 pub struct Waiter {
-    budget: CpuBudget,
+    cpu: Option<CpuBudget>,
+    memory: Option<MemoryBudget>,
     sigchld: Option<SignalFd>,
     due: Instant,
-    exceeded: bool,
+    exceeded: Option<Exceeded>,
+}
+
+/// Which budget the sandbox was killed for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exceeded {
+    Cpu,
+    Memory,
 }
 
 impl Waiter {
     /// Blocks `SIGCHLD` (it is read from a signalfd instead) and schedules the first check.
-    pub fn new(budget: CpuBudget) -> Waiter {
+    pub fn new(cpu: Option<CpuBudget>, memory: Option<MemoryBudget>) -> Waiter {
         let mut mask = SigSet::empty();
         mask.add(Signal::SIGCHLD);
         // Without the signalfd, waiting falls back to a check every MIN_CHECK.
@@ -177,18 +188,28 @@ impl Waiter {
                 SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
             })
             .ok();
-        let due = Instant::now() + budget.next_check(0).unwrap_or(Duration::ZERO);
+        let first = [
+            cpu.as_ref().and_then(|b| b.next_check(0)),
+            memory.as_ref().and_then(|b| b.next_check(0)),
+        ];
+        let due = Instant::now() + first.into_iter().flatten().min().unwrap_or(Duration::ZERO);
         Waiter {
-            budget,
+            cpu,
+            memory,
             sigchld,
             due,
-            exceeded: false,
+            exceeded: None,
         }
     }
 
-    /// Whether the budget was used up (and the sandbox killed for it).
-    pub fn exceeded(&self) -> bool {
+    /// Which budget was used up (and the sandbox killed for it), if one was.
+    pub fn exceeded(&self) -> Option<Exceeded> {
         self.exceeded
+    }
+
+    /// The highest memory the sandbox's processes held together at a check, in KiB.
+    pub fn memory_peak_kb(&self) -> u64 {
+        self.memory.as_ref().map_or(0, MemoryBudget::peak_kb)
     }
 
     /// The next child that changed state, as `waitpid(-1, 0)` gives it.
@@ -199,11 +220,11 @@ impl Waiter {
                 other => return other,
             }
             let now = Instant::now();
-            if !self.exceeded && now >= self.due {
+            if self.exceeded.is_none() && now >= self.due {
                 self.check();
                 continue;
             }
-            let wait = if self.exceeded {
+            let wait = if self.exceeded.is_some() {
                 PollTimeout::NONE
             } else {
                 let ms = (self.due - now).as_millis().clamp(1, i32::MAX as u128) as i32;
@@ -217,26 +238,40 @@ impl Waiter {
                         Err(e) => return Err(e),
                     }
                 }
-                None => std::thread::sleep(MIN_CHECK),
+                None => std::thread::sleep(memory::MIN_CHECK.min(MIN_CHECK)),
             }
         }
     }
 
-    /// Sums the sandbox's CPU time; past the budget (seen twice, so that a child's time seen
-    /// both in it and in the parent that reaped it meanwhile cannot count twice), kills every
-    /// process of the namespace but the init.
+    /// Checks each budget; past one, kills every process of the namespace but the init.
     fn check(&mut self) {
-        let mut used = self.budget.used_us();
-        if self.budget.next_check(used).is_none() {
-            used = self.budget.used_us();
-        }
-        match self.budget.next_check(used) {
-            Some(wait) => self.due = Instant::now() + wait,
-            None => {
-                self.exceeded = true;
-                let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+        let cpu = self.cpu.as_mut().map(|budget| {
+            // Past the budget, seen twice, so that a child's time seen both in it and in the
+            // parent that reaped it meanwhile cannot count twice.
+            let mut used = budget.used_us();
+            if budget.next_check(used).is_none() {
+                used = budget.used_us();
             }
+            budget.next_check(used)
+        });
+        let memory = self.memory.as_mut().map(|budget| {
+            let used = budget.used_kb();
+            budget.next_check(used)
+        });
+        self.exceeded = match (cpu, memory) {
+            (Some(None), _) => Some(Exceeded::Cpu),
+            (_, Some(None)) => Some(Exceeded::Memory),
+            _ => None,
+        };
+        if self.exceeded.is_some() {
+            let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+            return;
         }
+        let next = [cpu.flatten(), memory.flatten()]
+            .into_iter()
+            .flatten()
+            .min();
+        self.due = Instant::now() + next.unwrap_or(MAX_CHECK);
     }
 }
 

@@ -7,9 +7,9 @@
 //! makes the kernel kill anything still alive in the pid namespace.
 //!
 //! Its steps, in order: [`serve`] builds the sandbox (session, priority, OOM rank,
-//! parent-death signal, descriptors, the id maps, hostname, root, ipc limits, the working
-//! directory) and forks the launcher; [`supervise`] takes the report pipe, adjusts the sandbox
-//! to the job, reaps, and reports.
+//! parent-death signal, descriptors, the id maps, hostname, root, ipc limits, the user
+//! namespace's counts, the working directory) and forks the launcher; [`supervise`] takes the
+//! report pipe, adjusts the sandbox to the job, reaps, and reports.
 
 use std::fs;
 use std::io::{Read, Write};
@@ -23,12 +23,14 @@ use nix::unistd::Pid;
 
 use super::budget::{self, CpuBudget};
 use super::collect;
+use super::counts;
 use super::hardening::Hardening;
 use super::held;
 use super::identity;
 use super::ipc;
 use super::launcher;
 use super::limits;
+use super::memory::MemoryBudget;
 use super::rootfs::{self, RootPlan};
 use super::sys::{self, Forked, SingleThreaded};
 use super::wire::{self, ExecNote, FromInit, Handoff, Report, Resized, SetupError, ZygoteConfig};
@@ -122,6 +124,8 @@ fn serve(one: &SingleThreaded, sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Sid
     // Limits for the default job now, while no job waits; a job with another memory limit
     // has them set again before it starts (see `supervise`).
     ipc::bound(&sysctls, cfg.defaults.memory_mb)?;
+    // Before the launcher exists: none of the job's objects counts only against the host uid.
+    counts::bound(&sysctls)?;
     // Opened while no job has run: nothing it plants on the way to the working directory can
     // redirect where collecting starts.
     let work: OwnedFd = fs::File::open(&cfg.work_dir)
@@ -189,7 +193,12 @@ fn supervise(
         .as_ref()
         .and_then(|r| r.message.cpu_budget_ms.map(|ms| (ms, r.message.timeout_ms)))
         .and_then(|(ms, timeout_ms)| CpuBudget::new(ms, timeout_ms, Path::new("/proc")));
-    let (exit_code, signal, cpu_budget_exceeded) = reap(launcher, budget);
+    let memory = received
+        .as_ref()
+        .and_then(|r| r.message.memory_budget_mb)
+        .map(|mb| MemoryBudget::new(mb, Path::new("/proc")));
+    let reaped = reap(launcher, budget, memory);
+    let (exit_code, signal) = (reaped.exit_code, reaped.signal);
     let Some(wire::Received {
         message: handoff,
         fds,
@@ -228,7 +237,9 @@ fn supervise(
         exit_code,
         signal,
         exit_ns: Some(super::mono_ns()),
-        cpu_budget_exceeded,
+        cpu_budget_exceeded: reaped.exceeded == Some(budget::Exceeded::Cpu),
+        memory_budget_exceeded: reaped.exceeded == Some(budget::Exceeded::Memory),
+        memory_counted_kb: reaped.memory_peak_kb,
         ..Report::default()
     };
     if !handoff.collect.is_empty() {
@@ -250,12 +261,20 @@ fn supervise(
     sys::exit_now(0)
 }
 
-/// Waits for the program, then kills and reaps everything else in the sandbox. With a CPU
-/// budget, the sandbox is killed as a whole once its processes together have used it up; the
-/// last value says so.
-fn reap(main_pid: Pid, budget: Option<CpuBudget>) -> (Option<i32>, Option<i32>, bool) {
+/// How the program ended, and whether the sandbox was killed for a budget.
+struct Reaped {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    exceeded: Option<budget::Exceeded>,
+    memory_peak_kb: u64,
+}
+
+/// Waits for the program, then kills and reaps everything else in the sandbox. With a CPU or
+/// memory budget, the sandbox is killed as a whole once its processes together have used one
+/// up; the result says which.
+fn reap(main_pid: Pid, cpu: Option<CpuBudget>, memory: Option<MemoryBudget>) -> Reaped {
     let mut result = (None, None);
-    let mut budget = budget.map(budget::Waiter::new);
+    let mut budget = (cpu.is_some() || memory.is_some()).then(|| budget::Waiter::new(cpu, memory));
     loop {
         let next = match &mut budget {
             Some(waiter) => waiter.wait_any(),
@@ -284,6 +303,10 @@ fn reap(main_pid: Pid, budget: Option<CpuBudget>) -> (Option<i32>, Option<i32>, 
         let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
         while !matches!(waitpid(None, None), Err(Errno::ECHILD)) {}
     }
-    let exceeded = budget.is_some_and(|w| w.exceeded());
-    (result.0, result.1, exceeded)
+    Reaped {
+        exit_code: result.0,
+        signal: result.1,
+        exceeded: budget.as_ref().and_then(budget::Waiter::exceeded),
+        memory_peak_kb: budget.as_ref().map_or(0, budget::Waiter::memory_peak_kb),
+    }
 }

@@ -12,7 +12,7 @@
 //! | SysV shared memory | `shmall` = half, one segment at most half | memory_mb / 2 |
 //! | SysV message queues | 16 queues of `msgmnb` bytes | memory_mb / 4 (a message costs at least 64 bytes, and a queue holds at most `msgmnb` of them) |
 //! | SysV semaphores | 4096 in 128 sets | about 0.5 MiB |
-//! | POSIX message queues | 8 queues of 10 messages of 8 KiB | 640 KiB (and `RLIMIT_MSGQUEUE`) |
+//! | POSIX message queues | 8 queues of 10 messages of 2 KiB | 32 KiB (`RLIMIT_MSGQUEUE`, see `limits`) |
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
@@ -69,7 +69,8 @@ pub fn limits(memory_mb: u64, page_bytes: u64) -> Vec<(&'static str, String)> {
         ("kernel/sem", SEM.to_owned()),
         ("fs/mqueue/queues_max", "8".to_owned()),
         ("fs/mqueue/msg_max", "10".to_owned()),
-        ("fs/mqueue/msgsize_max", "8192".to_owned()),
+        // Small enough that a queue of the default sizes fits the job's `RLIMIT_MSGQUEUE`.
+        ("fs/mqueue/msgsize_max", "2048".to_owned()),
     ]
 }
 

@@ -162,6 +162,8 @@ fn hand_report_over(
         cpu_budget_ms: (!cfg.cgroup_handshake).then_some(payload.limits.cpu_ms),
         timeout_ms: payload.job.timeout_ms(),
         count_held: payload.memory == limits::MemoryEnforcement::DataRlimit,
+        memory_budget_mb: (payload.memory == limits::MemoryEnforcement::DataRlimit)
+            .then_some(payload.limits.memory_mb),
     };
     wire::send(handoff.as_fd(), &handed, &[report.as_fd()])
         .map_err(|e| SetupError::errno("hand the report over", e))?;

@@ -78,6 +78,19 @@ pub struct Rlimit {
 
 const MIB: u64 = 1024 * 1024;
 
+/// Signals a job may have queued at once (`RLIMIT_SIGPENDING`), real-time signals and POSIX
+/// timers (each takes one) together. Since Linux 5.14 the kernel charges them up the chain of
+/// user namespaces to the host uid that made the sandbox's (host root, for a node run as root),
+/// checking each level against the limit it had: without a limit of the job's own, a job
+/// inherited the node's (96,367 on a 24 GiB host) and took host root's whole count. 256 per
+/// job keeps 64 slots under a fifth of such a node's.
+pub const SIGNALS_PER_JOB: u64 = 256;
+
+/// Bytes of POSIX message queues a job may hold (`RLIMIT_MSGQUEUE`), charged up the chain of
+/// user namespaces as [`SIGNALS_PER_JOB`] are: the node's 800 KiB default would be one job's.
+/// One queue of the sizes the ipc namespace allows by default (10 × 2 KiB, see `ipc`) fits.
+pub const MESSAGE_QUEUE_BYTES_PER_JOB: u64 = 32 * 1024;
+
 /// The rlimits of a program with `limits`, its memory bounded by `memory`.
 pub fn rlimits(limits: &EffectiveLimits, memory: MemoryEnforcement) -> Vec<Rlimit> {
     let rl = |resource, soft, hard, name| Rlimit {
@@ -87,7 +100,7 @@ pub fn rlimits(limits: &EffectiveLimits, memory: MemoryEnforcement) -> Vec<Rlimi
         name,
     };
     let cpu_s = limits.cpu_ms.div_ceil(1000);
-    let mut out = Vec::with_capacity(6);
+    let mut out = Vec::with_capacity(8);
     if memory == MemoryEnforcement::DataRlimit {
         let bytes = limits.memory_mb * MIB;
         out.push(rl(Resource::RLIMIT_DATA, bytes, bytes, "rlimit memory"));
@@ -114,6 +127,18 @@ pub fn rlimits(limits: &EffectiveLimits, memory: MemoryEnforcement) -> Vec<Rlimi
             "rlimit open files",
         ),
         rl(Resource::RLIMIT_CORE, 0, 0, "rlimit core"),
+        rl(
+            Resource::RLIMIT_SIGPENDING,
+            SIGNALS_PER_JOB,
+            SIGNALS_PER_JOB,
+            "rlimit pending signals",
+        ),
+        rl(
+            Resource::RLIMIT_MSGQUEUE,
+            MESSAGE_QUEUE_BYTES_PER_JOB,
+            MESSAGE_QUEUE_BYTES_PER_JOB,
+            "rlimit message queues",
+        ),
     ]);
     out
 }
@@ -224,6 +249,8 @@ mod tests {
             assert_eq!(get(Resource::RLIMIT_NOFILE), Some((50, 50)));
             assert_eq!(get(Resource::RLIMIT_CORE), Some((0, 0)));
             assert_eq!(get(Resource::RLIMIT_FSIZE), Some((64 * MIB, 64 * MIB)));
+            assert_eq!(get(Resource::RLIMIT_SIGPENDING), Some((256, 256)));
+            assert_eq!(get(Resource::RLIMIT_MSGQUEUE), Some((32768, 32768)));
         }
     }
 

@@ -20,13 +20,15 @@
 //!
 //! The processes it starts, one file each: `zygote` (with its `watchdog`), `init` (pid 1 of
 //! each sandbox), and `launcher` (which becomes the program), with the isolation steps they
-//! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `limits`,
-//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `collect`.
+//! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `counts`, `limits`,
+//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `memory`,
+//! `collect`.
 //! Messages between them are in `wire`; every `unsafe` block is in `sys`.
 
 pub mod budget;
 pub mod cgroup;
 pub mod collect;
+pub mod counts;
 mod engine;
 mod event_loop;
 mod events;
@@ -38,6 +40,7 @@ pub mod init;
 pub mod ipc;
 pub mod launcher;
 pub mod limits;
+pub mod memory;
 pub mod netns;
 mod outcome;
 mod output;

@@ -107,10 +107,11 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         .as_ref()
         .and_then(|r| r.exit_ns)
         .unwrap_or(exit.exit_ns);
-    // Without cgroups the peak is the largest process's, plus what the job held outside its
-    // processes at the end (with cgroups, memory.peak has all of it).
+    // Without cgroups the peak is the largest process's, or the most the processes held
+    // together at one of the init's checks if that is more, plus what the job held outside
+    // its processes at the end (with cgroups, memory.peak has all of it).
     let (cpu_us, rss_kb) = match &report {
-        Some(r) => (r.cpu_us, r.max_rss_kb + r.held_kb),
+        Some(r) => (r.cpu_us, r.max_rss_kb.max(r.memory_counted_kb) + r.held_kb),
         None => (exit.cpu_us, exit.max_rss_kb),
     };
     let mut outcome = Outcome {
@@ -163,7 +164,11 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
     } else if kills.cpu {
         killed_by(&mut outcome, Status::CpuLimit);
     } else if let Some(r) = report {
-        if r.cpu_budget_exceeded {
+        if r.memory_budget_exceeded {
+            // The init stopped the whole sandbox: its processes together held more than the
+            // job's memory.
+            killed_by(&mut outcome, Status::MemoryLimit);
+        } else if r.cpu_budget_exceeded {
             // The init stopped the whole sandbox: its processes together used up the
             // job's CPU time. The program's own ending is what that kill made of it.
             outcome.status = Status::CpuLimit;
@@ -402,6 +407,19 @@ mod tests {
                 None,
             ),
             (
+                "the init's memory budget is the memory limit, whatever the program's ending",
+                Observed {
+                    report: Some(Report {
+                        memory_budget_exceeded: true,
+                        ..report(None, Some(KILL))
+                    }),
+                    ..Observed::default()
+                },
+                Status::MemoryLimit,
+                128 + KILL,
+                Some(KILL),
+            ),
+            (
                 "SIGXCPU is the CPU rlimit",
                 Observed {
                     report: Some(report(None, Some(libc::SIGXCPU))),
@@ -576,6 +594,12 @@ mod tests {
         let mut holding = seen.clone();
         holding.report.as_mut().unwrap().held_kb = 4_000;
         assert_eq!(fold(holding.clone(), terms()).max_rss_kb, 4_900);
+        // The init's sum over every process counts where it is above the largest one's.
+        holding.report.as_mut().unwrap().memory_counted_kb = 3_000;
+        assert_eq!(fold(holding.clone(), terms()).max_rss_kb, 7_000);
+        holding.report.as_mut().unwrap().memory_counted_kb = 500;
+        assert_eq!(fold(holding.clone(), terms()).max_rss_kb, 4_900);
+        holding.report.as_mut().unwrap().memory_counted_kb = 0;
         // A cgroup's accounting wins; its CPU time as the report arrived wins over the total.
         let accounting = Some(Accounting {
             memory_peak_kb: Some(2_000),

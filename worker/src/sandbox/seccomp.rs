@@ -12,7 +12,9 @@
 //! any family but Unix, IPv4, IPv6 and netlink (the others are either not namespaced, such as
 //! vsock, or old protocol code loaded on demand as a module, host-wide), and `fcntl`'s
 //! `F_NOTIFY` (dnotify: a watch on a shared host directory, like inotify's, would show which
-//! files the host and other jobs open; it fails with EINVAL, as on a kernel without dnotify).
+//! files the host and other jobs open; it fails with EINVAL, as on a kernel without dnotify),
+//! and `mmap` of memory `RLIMIT_DATA` does not count (stack and shared anonymous mappings,
+//! [`MMAP_REFUSED`]; ENOMEM, as at a memory limit).
 //! A few calls fail with ENOSYS instead, as on a kernel built without them, because programs
 //! fall back when they see it: `clone3` (whose flags sit in memory, out of the filter's reach;
 //! libc then uses `clone`), inotify (see dnotify; and the instance quota is one for every
@@ -129,6 +131,25 @@ pub const NAMESPACE_FLAGS: &[u64] = &[
     libc::CLONE_NEWTIME as u64,
 ];
 
+/// `mmap` flags refused with ENOMEM, as (mask, value) pairs over the flags (the fourth
+/// argument): memory that `RLIMIT_DATA` does not count. A stack mapping (`MAP_GROWSDOWN`)
+/// is not a data mapping, so a job could map gigabytes of it; shared anonymous memory
+/// (`MAP_SHARED` or `MAP_SHARED_VALIDATE` with `MAP_ANONYMOUS`) is shmem, which no rlimit
+/// counts. The mapping type is the low four bits. Without cgroups the init's memory budget
+/// (`memory`) also counts both, and the ways to them no filter sees (a shared mapping of
+/// `/dev/zero`); these rules refuse the common way outright, before any page is touched.
+pub const MMAP_REFUSED: &[(u64, u64)] = &[
+    (libc::MAP_GROWSDOWN as u64, libc::MAP_GROWSDOWN as u64),
+    (
+        0x0f | libc::MAP_ANONYMOUS as u64,
+        libc::MAP_SHARED as u64 | libc::MAP_ANONYMOUS as u64,
+    ),
+    (
+        0x0f | libc::MAP_ANONYMOUS as u64,
+        libc::MAP_SHARED_VALIDATE as u64 | libc::MAP_ANONYMOUS as u64,
+    ),
+];
+
 /// The socket families a job may use (`socket` and `socketpair`); any other fails with
 /// EAFNOSUPPORT, as for a family the kernel lacks. The largest must be the last.
 pub const SOCKET_FAMILIES: &[u64] = &[
@@ -159,6 +180,9 @@ pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
     // The command is an unsigned int: only the low half of the register reaches the kernel.
     if name == "fcntl" && args[1] & 0xffff_ffff == F_NOTIFY {
         return Some(libc::EINVAL);
+    }
+    if name == "mmap" && MMAP_REFUSED.iter().any(|&(m, v)| args[3] & m == v) {
+        return Some(libc::ENOMEM);
     }
     None
 }
@@ -224,6 +248,17 @@ pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
             F_NOTIFY,
         )],
     )?;
+    for &(mask, value) in MMAP_REFUSED {
+        ctx.add_rule_conditional(
+            ScmpAction::Errno(libc::ENOMEM),
+            syscall("mmap")?,
+            &[ScmpArgCompare::new(
+                3,
+                ScmpCompareOp::MaskedEqual(mask),
+                value,
+            )],
+        )?;
+    }
     // One rule per flag: the filter compares an argument with one mask and one value, and
     // rules of one call are alternatives. Only the low half of the flags reaches the kernel,
     // which is where the masks look.
@@ -287,7 +322,7 @@ mod tests {
     const X86_64: u32 = 0xc000_003e;
 
     /// The calls with argument rules: every call of theirs runs the filter.
-    const ARGUMENT_CALLS: &[&str] = &["clone", "socket", "socketpair", "fcntl"];
+    const ARGUMENT_CALLS: &[&str] = &["clone", "socket", "socketpair", "fcntl", "mmap"];
     const ALLOW: u32 = 0x7fff_0000;
 
     fn errno(e: i32) -> u32 {
@@ -379,6 +414,26 @@ mod tests {
             assert_eq!(clone(flag | 0xffff_ffff_0000_0000), Some(libc::EPERM));
         }
         assert_eq!(verdict("clone3", &[0; 6]), Some(libc::ENOSYS));
+        let mmap = |flags: i32| verdict("mmap", &[0, 1 << 30, 3, flags as u64, u64::MAX, 0]);
+        for refused in [
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+            libc::MAP_SHARED_VALIDATE | libc::MAP_ANONYMOUS,
+            libc::MAP_SHARED | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_GROWSDOWN,
+            libc::MAP_PRIVATE | libc::MAP_GROWSDOWN,
+        ] {
+            assert_eq!(mmap(refused), Some(libc::ENOMEM), "{refused:#x}");
+        }
+        for allowed in [
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_SHARED,
+            libc::MAP_PRIVATE,
+            libc::MAP_SHARED_VALIDATE,
+        ] {
+            assert_eq!(mmap(allowed), None, "{allowed:#x}");
+        }
         let fcntl = |cmd: u64| verdict("fcntl", &[3, cmd, 0, 0, 0, 0]);
         assert_eq!(fcntl(F_NOTIFY), Some(libc::EINVAL));
         assert_eq!(fcntl(F_NOTIFY | 1 << 32), Some(libc::EINVAL));
@@ -525,6 +580,21 @@ mod tests {
             v.push([3, cmd, 0, 0, 0, 0]);
         }
         v.push([0x7fff_ffff, 0, 0, 0, 0, 0]);
+        // Every mapping type with and without MAP_ANONYMOUS and MAP_GROWSDOWN, with other
+        // flags and with the high half set.
+        for kind in 0..16u64 {
+            for extra in [
+                0,
+                0x20,
+                0x100,
+                0x120,
+                0x4000 | 0x20,
+                1 << 32,
+                1 << 32 | 0x20,
+            ] {
+                v.push([0, 4096, 3, kind | extra, u64::MAX, 0]);
+            }
+        }
         v
     }
 

@@ -162,6 +162,10 @@ pub struct Handoff {
     /// (`held.rs`): only when `RLIMIT_DATA` bounds it, since a cgroup's `memory.peak` has it.
     #[serde(default)]
     pub count_held: bool,
+    /// The job's memory for the whole sandbox, when the init keeps it (no cgroup does; see
+    /// `memory`).
+    #[serde(default)]
+    pub memory_budget_mb: Option<u64>,
 }
 
 impl Handoff {
@@ -386,6 +390,14 @@ pub struct Report {
     /// The init killed the sandbox because its processes together used up the job's CPU time.
     #[serde(default)]
     pub cpu_budget_exceeded: bool,
+    /// The init killed the sandbox because its processes together held more than the job's
+    /// memory (`memory`).
+    #[serde(default)]
+    pub memory_budget_exceeded: bool,
+    /// The most the sandbox's processes held together at one of the init's checks, in KiB
+    /// (anonymous and shared memory and page tables; 0 when no budget was kept).
+    #[serde(default)]
+    pub memory_counted_kb: u64,
 }
 
 /// A message and the descriptors that came with it.
