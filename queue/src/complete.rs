@@ -160,7 +160,7 @@ impl Queue {
         // Checked once the completions are done: an entry read before a completion that had
         // to be sent again may be a copy of that very job.
         let read = match fresh {
-            Ok(fresh) => self.skip_completed(fresh).await,
+            Ok(fresh) => Ok(self.skip_completed(fresh).await),
             Err(e) => Err(e),
         };
         (completed, read)
@@ -254,7 +254,7 @@ impl Queue {
                 .unwrap_or_default()),
         };
         let read = match fresh {
-            Ok(fresh) => self.skip_completed(fresh).await,
+            Ok(fresh) => Ok(self.skip_completed(fresh).await),
             Err(e) => Err(e),
         };
         (completed, read)

@@ -222,12 +222,25 @@ impl Queue {
     ///
     /// Dropping the future mid-read closes its connection; an entry Redis handed out in that
     /// instant stays pending for `consumer` and comes back through [`Queue::read_own_pending`]
-    /// or the reclaimer.
+    /// or the reclaimer. To end a blocking read early without that, use a wakeable read
+    /// (what [`crate::QueueSet::read`] does on a cluster).
     pub async fn read(
         &self,
         consumer: &str,
         count: usize,
         block_ms: u64,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        self.read_until(consumer, count, block_ms, None).await
+    }
+
+    /// [`Queue::read`], whose blocking step ends early (as if its block time had run out)
+    /// once `wake` turns true, still returning whatever Redis handed out.
+    pub(crate) async fn read_until(
+        &self,
+        consumer: &str,
+        count: usize,
+        block_ms: u64,
+        mut wake: Option<&mut tokio::sync::watch::Receiver<bool>>,
     ) -> Result<Vec<Delivery>, QueueError> {
         if count == 0 {
             return Ok(Vec::new());
@@ -235,10 +248,10 @@ impl Queue {
         let mut cmd = read_group(consumer, count, block_ms);
         cmd.arg(self.keys.jobs()).arg(">");
         let block = (block_ms > 0).then(|| std::time::Duration::from_millis(block_ms));
-        let reply = match self.run_read(&cmd, block).await {
+        let reply = match self.run_read_until(&cmd, block, wake.as_deref_mut()).await {
             Err(e) if e.code() == Some("NOGROUP") => {
                 self.ensure_group().await?;
-                self.run_read(&cmd, block).await
+                self.run_read_until(&cmd, block, wake).await
             }
             r => r,
         }
@@ -248,21 +261,46 @@ impl Queue {
             .flat_map(|(_, entries)| entries)
             .map(|e| Delivery::from_entry(&self.keys, &e, 1, self.config.max_job_bytes))
             .collect();
-        self.skip_completed(fresh).await
+        Ok(self.skip_completed(fresh).await)
     }
 
     /// [`Queue::discard_completed`] when the queue is configured to check fresh reads and a
     /// read returned an entry the enqueue script did not vet (a raw `XADD`): entries it added
     /// were checked as they were added, so a read of only those costs no second round trip.
-    pub(crate) async fn skip_completed(
-        &self,
-        fresh: Vec<Delivery>,
-    ) -> Result<Vec<Delivery>, QueueError> {
-        if self.config.skip_completed_on_read && fresh.iter().any(|d| !d.vetted) {
-            Ok(self.discard_completed(fresh).await?.0)
-        } else {
-            Ok(fresh)
+    /// The entries are already delivered: when the check fails they are all returned (a job
+    /// run twice stores its first result only; a delivery dropped here would be run by no
+    /// one until a reclaim).
+    pub(crate) async fn skip_completed(&self, fresh: Vec<Delivery>) -> Vec<Delivery> {
+        if !(self.config.skip_completed_on_read && fresh.iter().any(|d| !d.vetted)) {
+            return fresh;
         }
+        let ids: Vec<&str> = fresh.iter().map(|d| d.id.as_str()).collect();
+        let done = match self.has_results(&ids).await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(
+                    queue = self.name(),
+                    "could not check {} fresh entr(ies) for existing results, running them \
+                     unchecked: {e}",
+                    fresh.len()
+                );
+                return fresh;
+            }
+        };
+        let (dups, keep): (Vec<_>, Vec<_>) =
+            fresh.into_iter().zip(done).partition(|(_, done)| *done);
+        if !dups.is_empty() {
+            let entry_ids: Vec<String> = dups.iter().map(|(d, _)| d.entry_id.clone()).collect();
+            // Not acknowledged: they stay pending, and the reclaimer drops them as duplicates.
+            if let Err(e) = self.ack_and_delete(&entry_ids).await {
+                tracing::warn!(
+                    queue = self.name(),
+                    "could not drop {} entr(ies) whose job already has a result: {e}",
+                    entry_ids.len()
+                );
+            }
+        }
+        keep.into_iter().map(|(d, _)| d).collect()
     }
 
     /// Runs a read; `block`: the most it may block (a blocking command), `None` for one that
@@ -272,10 +310,24 @@ impl Queue {
         cmd: &redis::Cmd,
         block: Option<std::time::Duration>,
     ) -> redis::RedisResult<Value> {
-        if let Some(block) = block {
-            self.broker.query_blocking(cmd, block).await
-        } else {
-            cmd.query_async(&mut self.conn()).await
+        self.run_read_until(cmd, block, None).await
+    }
+
+    /// [`Queue::run_read`], a blocking one ended early once `wake` turns true.
+    async fn run_read_until(
+        &self,
+        cmd: &redis::Cmd,
+        block: Option<std::time::Duration>,
+        wake: Option<&mut tokio::sync::watch::Receiver<bool>>,
+    ) -> redis::RedisResult<Value> {
+        match (block, wake) {
+            (Some(block), Some(wake)) => {
+                self.broker
+                    .query_blocking_wakeable(cmd, block, &self.keys.jobs(), wake)
+                    .await
+            }
+            (Some(block), None) => self.broker.query_blocking(cmd, block).await,
+            (None, _) => cmd.query_async(&mut self.conn()).await,
         }
     }
 

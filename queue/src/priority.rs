@@ -11,10 +11,9 @@
 //! total never exceeds the free slots) and returns whatever arrives first. The single blocking
 //! call needs all streams on one Redis server. In a Redis Cluster the hash tags put them in
 //! different slots (a multi-key command must stay in one slot, even on one node), so there it
-//! blocks on each stream at once, on a dedicated connection per stream, takes the first to
-//! answer and drops the others; an entry a dropped read was handed in that instant stays
-//! pending for this consumer and comes back through [`crate::Queue::read_own_pending`] or the
-//! reclaimer.
+//! blocks on each stream at once, on a dedicated connection per stream; the first to answer
+//! ends the others early (`CLIENT UNBLOCK`) and the entries of every read are returned, none
+//! dropped.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -118,7 +117,13 @@ impl QueueSet {
             if left == 0 {
                 return Ok(out);
             }
-            out.extend(q.read(consumer, left, 0).await?);
+            match q.read(consumer, left, 0).await {
+                Ok(got) => out.extend(got),
+                // Entries already read are delivered: return them; the failing queue fails
+                // again on the next read if it is still failing.
+                Err(_) if !out.is_empty() => return Ok(out),
+                Err(e) => return Err(e),
+            }
         }
         if !out.is_empty() || block_ms == 0 || count == 0 {
             return Ok(out);
@@ -157,37 +162,51 @@ impl QueueSet {
                 .iter()
                 .map(|e| Delivery::from_entry(&q.keys, e, 1, q.config.max_job_bytes))
                 .collect();
-            out.extend(q.skip_completed(fresh).await?);
+            out.extend(q.skip_completed(fresh).await);
         }
         Ok(out)
     }
 }
 
-/// The cluster form of the blocking step: one blocking read per queue, the first answer wins.
+/// The cluster form of the blocking step: one blocking read per queue at once. The first to
+/// answer wakes the others (`CLIENT UNBLOCK`), and every read's entries are returned: Redis
+/// hands an entry out the instant it arrives, so a read dropped rather than awaited would
+/// leave its entries pending on the consumer with no one to run them.
 async fn read_each_blocking(
     watched: &[Queue],
     consumer: &str,
     per_queue: usize,
     block_ms: u64,
 ) -> Result<Vec<Delivery>, QueueError> {
+    let (wake, woken) = tokio::sync::watch::channel(false);
     let mut reads = tokio::task::JoinSet::new();
     for (rank, q) in watched.iter().enumerate() {
-        let (q, consumer) = (q.clone(), consumer.to_owned());
-        reads.spawn(async move { (rank, q.read(&consumer, per_queue, block_ms).await) });
+        let (q, consumer, mut woken) = (q.clone(), consumer.to_owned(), woken.clone());
+        reads.spawn(async move {
+            let r = q
+                .read_until(&consumer, per_queue, block_ms, Some(&mut woken))
+                .await;
+            (rank, r)
+        });
     }
     let mut got = Vec::new();
-    if let Some(first) = reads.join_next().await {
-        got.push(first.expect("a read task does not panic"));
-    }
-    // Reads that finished meanwhile are kept: their entries were handed out.
-    while let Some(done) = reads.try_join_next() {
+    while let Some(done) = reads.join_next().await {
+        let _ = wake.send(true);
         got.push(done.expect("a read task does not panic"));
     }
-    reads.abort_all();
     got.sort_by_key(|(rank, _)| *rank);
     let mut out = Vec::new();
+    let mut failed = None;
     for (_, r) in got {
-        out.extend(r?);
+        match r {
+            Ok(ds) => out.extend(ds),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
     }
-    Ok(out)
+    match failed {
+        Some(e) if out.is_empty() => Err(e),
+        _ => Ok(out),
+    }
 }

@@ -288,7 +288,39 @@ impl Dedicated {
             Dedicated::Cluster(c) => cmd.query_async(c).await,
         }
     }
+
+    /// The id Redis gives this connection on the node serving `key` (what `CLIENT UNBLOCK`
+    /// names). In a cluster the connection is one per node: the one a command on `key` uses.
+    async fn client_id(&mut self, key: &str) -> RedisResult<i64> {
+        let mut cmd = redis::cmd("CLIENT");
+        cmd.arg("ID");
+        match self {
+            Dedicated::Single(c) => cmd.query_async(c).await,
+            Dedicated::Cluster(c) => {
+                use redis::cluster_routing::{
+                    get_slot, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+                };
+                let route = Route::new(get_slot(key.as_bytes()), SlotAddr::Master);
+                let v = c
+                    .route_command(
+                        &cmd,
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                    )
+                    .await?;
+                redis::from_owned_redis_value(v)
+            }
+        }
+    }
 }
+
+/// Resolves once `wake` is true (or its sender is gone: no one will wake it then).
+async fn woken(wake: &mut tokio::sync::watch::Receiver<bool>) {
+    // A watch guard is not Send: keep it out of the caller's future.
+    let _ = wake.wait_for(|w| *w).await.map(|_| ());
+}
+
+/// How soon a `CLIENT UNBLOCK` that found nothing blocked is sent again.
+const UNBLOCK_RETRY: Duration = Duration::from_millis(20);
 
 /// What new connections are opened from.
 #[derive(Clone)]
@@ -486,7 +518,85 @@ impl Broker {
                 }
             }
         }
-        let mut conn = match &self.inner.opener {
+        let mut conn = self.open_dedicated().await?;
+        let r = bounded(limit, conn.query(cmd)).await;
+        if !matches!(&r, Err(e) if is_connection_error(e)) {
+            self.give_back(conn);
+        }
+        r
+    }
+
+    /// [`Broker::query_blocking`] for a command on `key`'s slot that the caller may want back
+    /// early: once `wake` turns true the command is ended with `CLIENT UNBLOCK` (it answers
+    /// as if its block time had run out) and its reply is still awaited. A blocking read's
+    /// reply is never dropped this way: whatever Redis handed out before the unblock comes
+    /// back to the caller, where dropping the future would leave it pending on the consumer
+    /// with no one to run it.
+    pub(crate) async fn query_blocking_wakeable(
+        &self,
+        cmd: &redis::Cmd,
+        block: Duration,
+        key: &str,
+        wake: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> RedisResult<redis::Value> {
+        let limit = block + RESPONSE_TIMEOUT;
+        self.inner.conn.trips.add(1);
+        let pooled = self.inner.blocking.lock().expect("pool lock").pop();
+        let (mut conn, id) = match pooled {
+            Some(mut conn) => match conn.client_id(key).await {
+                Ok(id) => (conn, id),
+                Err(e) if is_connection_error(&e) => {
+                    let mut conn = self.open_dedicated().await?;
+                    let id = conn.client_id(key).await?;
+                    (conn, id)
+                }
+                Err(e) => return Err(e),
+            },
+            None => {
+                let mut conn = self.open_dedicated().await?;
+                let id = conn.client_id(key).await?;
+                (conn, id)
+            }
+        };
+        let r = {
+            let read = bounded(limit, conn.query(cmd));
+            tokio::pin!(read);
+            tokio::select! {
+                r = &mut read => r,
+                () = woken(wake) => self.unblock(id, key, read).await,
+            }
+        };
+        if !matches!(&r, Err(e) if is_connection_error(e)) {
+            self.give_back(conn);
+        }
+        r
+    }
+
+    /// Ends client `id`'s blocking command on `key`'s node and awaits its reply. An unblock
+    /// that finds nothing blocked (the command is still on its way, or already answered) is
+    /// sent again shortly, until the reply is in.
+    async fn unblock(
+        &self,
+        id: i64,
+        key: &str,
+        mut read: std::pin::Pin<&mut impl std::future::Future<Output = RedisResult<Value>>>,
+    ) -> RedisResult<Value> {
+        let mut unblock = redis::cmd("CLIENT");
+        unblock.arg("UNBLOCK").arg(id);
+        loop {
+            let ended: RedisResult<i64> = self.connection().query_in_slot_of(key, &unblock).await;
+            if matches!(ended, Ok(1)) {
+                return read.await;
+            }
+            tokio::select! {
+                r = &mut read => return r,
+                _ = tokio::time::sleep(UNBLOCK_RETRY) => {}
+            }
+        }
+    }
+
+    async fn open_dedicated(&self) -> RedisResult<Dedicated> {
+        Ok(match &self.inner.opener {
             Opener::Single(client) => Dedicated::Single(
                 client
                     .get_multiplexed_async_connection_with_config(&connection_config(None))
@@ -495,12 +605,7 @@ impl Broker {
             Opener::Cluster { blocking, .. } => {
                 Dedicated::Cluster(blocking.get_async_connection().await?)
             }
-        };
-        let r = bounded(limit, conn.query(cmd)).await;
-        if !matches!(&r, Err(e) if is_connection_error(e)) {
-            self.give_back(conn);
-        }
-        r
+        })
     }
 
     fn give_back(&self, conn: Dedicated) {

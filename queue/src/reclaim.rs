@@ -7,7 +7,7 @@
 //! as a delivery; once a job has been handed out `max_attempts` times without a result it goes
 //! to the dead-letter stream instead of being run again.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use redis::Value;
 
@@ -170,6 +170,85 @@ impl Queue {
             out.dead_lettered = exhausted.into_iter().map(|(d, _)| d.entry_id).collect();
         }
         Ok(out)
+    }
+
+    /// Takes back `consumer`'s own entries that a read was handed but whose reply never
+    /// reached it: pending on `consumer`, idle at least `min_idle_ms`, and not in `skip` (the
+    /// entries the caller holds or left pending on purpose). A reply is lost when its
+    /// connection fails or times out after Redis handed the entries out, or when a cluster
+    /// connection sends a command again after such a failure (the first reply is lost, the
+    /// second reads other entries). Pass a `min_idle_ms` longer than any read may take to
+    /// answer (the block time plus [`crate::RESPONSE_TIMEOUT`]), so that no read still on its
+    /// way is taken. Each entry is claimed back (XCLAIM with its idle bound, so an entry
+    /// another worker reclaimed meanwhile is left alone) with its delivery count unchanged:
+    /// the lost delivery reached no worker, and this one stands for it. At most `limit`
+    /// entries; those whose id already has a result are acknowledged and dropped.
+    pub async fn recover_stranded(
+        &self,
+        consumer: &str,
+        min_idle_ms: u64,
+        skip: &HashSet<String>,
+        limit: usize,
+    ) -> Result<Vec<Delivery>, QueueError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let err = |source| QueueError::Reclaim {
+            queue: self.name().to_owned(),
+            source,
+        };
+        let jobs = self.keys.jobs();
+        let rows: Value = match redis::cmd("XPENDING")
+            .arg(&jobs)
+            .arg(GROUP)
+            .arg("IDLE")
+            .arg(min_idle_ms)
+            .arg("-")
+            .arg("+")
+            .arg(skip.len() + limit)
+            .arg(consumer)
+            .query_async(&mut self.conn())
+            .await
+        {
+            Err(e) if e.code() == Some("NOGROUP") => return Ok(Vec::new()),
+            r => r.map_err(err)?,
+        };
+        let stranded: Vec<(String, u64)> = reply::pending_rows(&rows)
+            .into_iter()
+            .filter(|(id, owner, _, _)| owner == consumer && !skip.contains(id))
+            .take(limit)
+            .map(|(id, _, _, n)| (id, n))
+            .collect();
+        if stranded.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for (id, n) in &stranded {
+            pipe.cmd("XCLAIM")
+                .arg(&jobs)
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(min_idle_ms)
+                .arg(id)
+                .arg("RETRYCOUNT")
+                .arg(*n);
+        }
+        let claimed: Vec<Value> = pipe.query_async(&mut self.conn()).await.map_err(err)?;
+        let counts: HashMap<&str, u64> = stranded.iter().map(|(id, n)| (id.as_str(), *n)).collect();
+        let out: Vec<Delivery> = claimed
+            .iter()
+            .flat_map(reply::entries)
+            .filter(|e| e.fields.is_some())
+            .map(|e| {
+                let n = counts.get(e.id.as_str()).copied().unwrap_or(1);
+                Delivery::from_entry(&self.keys, &e, n, self.config.max_job_bytes)
+            })
+            .collect();
+        // Claimed now: a failed check must not drop them (their idle time starts again).
+        match self.discard_completed(out.clone()).await {
+            Ok((keep, _)) => Ok(keep),
+            Err(_) => Ok(out),
+        }
     }
 
     /// Hands `consumer`'s entries back for any worker to take now: each `(entry id, delivery

@@ -453,3 +453,93 @@ async fn a_primary_killed_mid_run_loses_no_replicated_job_and_stores_each_result
     let status = q.batch_status("run").await.unwrap();
     assert_eq!(status.done as usize, JOBS, "{status:?}");
 }
+
+/// A blocking read over several shards blocks on each at once. When jobs land on several
+/// shards together, every entry Redis handed to one of those reads comes back to the caller:
+/// none is left pending on the consumer unseen (a worker would never run it, and it would
+/// wait a whole visibility timeout for a reclaim).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocking_read_over_shards_returns_every_entry_redis_handed_out() {
+    const ROUNDS: usize = 40;
+    const PARTS: usize = 3;
+    let cluster = RedisCluster::start(3, 0).expect("start a 3-primary cluster");
+    let broker = cluster_broker(&cluster).await;
+    let queue = broker
+        .open_partitioned("strand", PARTS, QueueConfig::default())
+        .await
+        .unwrap();
+    let set = QueueSet::of_partitioned(vec![queue.clone()]).unwrap();
+    set.ensure_groups().await.unwrap();
+    let mut next_id = 0usize;
+    let mut id_on = |p: usize| loop {
+        next_id += 1;
+        let id = format!("strand-{next_id}");
+        if forkbox_queue::keys::partition_of(&id, PARTS) == p {
+            return id;
+        }
+    };
+    let mut returned = HashSet::new();
+    for _ in 0..ROUNDS {
+        let reader = {
+            let set = set.clone();
+            tokio::spawn(async move { set.read("w", 2 * PARTS, 10_000).await })
+        };
+        // Let the reads block, then give every shard a job at the same instant.
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let jobs: Vec<Job> = (0..PARTS)
+            .map(|p| Job {
+                id: Some(id_on(p)),
+                ..Job::shell("true")
+            })
+            .collect();
+        let (a, b, c) = tokio::join!(
+            queue.enqueue(&jobs[0]),
+            queue.enqueue(&jobs[1]),
+            queue.enqueue(&jobs[2])
+        );
+        for r in [a, b, c] {
+            r.unwrap();
+        }
+        let got = tokio::time::timeout(LIMIT, reader)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(!got.is_empty());
+        returned.extend(got.into_iter().map(|d| d.id));
+        // What the blocking read did not take is still new: a plain read takes it.
+        loop {
+            let more = set.read("w", 2 * PARTS, 0).await.unwrap();
+            if more.is_empty() {
+                break;
+            }
+            returned.extend(more.into_iter().map(|d| d.id));
+        }
+    }
+    assert_eq!(returned.len(), ROUNDS * PARTS, "every job read once");
+    // Nothing was acknowledged: every entry handed to "w" is pending on it, and each one
+    // pending was returned.
+    let mut pending = 0u64;
+    for q in queue.partitions() {
+        let (n,): (u64,) = redis::pipe()
+            .cmd("XPENDING")
+            .arg(q.keys().jobs())
+            .arg("workers")
+            .query_async::<(redis::Value,)>(&mut broker.connection())
+            .await
+            .map(|(v,)| match v {
+                redis::Value::Array(items) => match items.first() {
+                    Some(redis::Value::Int(n)) => (*n as u64,),
+                    other => panic!("XPENDING summary: {other:?}"),
+                },
+                other => panic!("XPENDING summary: {other:?}"),
+            })
+            .unwrap();
+        pending += n;
+    }
+    assert_eq!(
+        pending,
+        returned.len() as u64,
+        "entries handed out but never returned by a read"
+    );
+}

@@ -481,3 +481,91 @@ async fn a_late_completion_after_the_first_result_expired_stores_nothing() {
         "nothing stored again"
     );
 }
+
+/// An entry Redis handed to the node's consumer whose read reply never reached the node (its
+/// connection failed or timed out after the hand-out, or a cluster connection sent the read
+/// again) runs within seconds, not after the visibility timeout (ten minutes here); the entry
+/// the node is running meanwhile is not taken for a stranded one and runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_entry_whose_read_reply_was_lost_runs_without_waiting_for_the_reclaimer() {
+    let server = start_redis();
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    let mut w = WorkerProc::start(
+        &url,
+        "lost-reply",
+        &["--slots", "2", "--visibility-timeout-ms", "600000"],
+    );
+    let metrics = w.metrics_addr();
+    w.wait_ready();
+    // Held by the node longer than the recovery's idle bound.
+    q.enqueue(&job("held-long", "sleep 12")).await.unwrap();
+    slots_busy(
+        metrics,
+        1.0,
+        Duration::from_secs(60),
+        "the long job running",
+    )
+    .await;
+    // The lost read: added and handed to the node's consumer in one transaction, so the
+    // node's own blocking read cannot take it first.
+    let payload = serde_json::to_string(&job("stranded", "echo ran")).unwrap();
+    let mut c = conn(&url).await;
+    let _: () = forkbox_queue::redis::pipe()
+        .atomic()
+        .cmd("XADD")
+        .arg(q.keys().jobs())
+        .arg("*")
+        .arg("job")
+        .arg(&payload)
+        .ignore()
+        .cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg("workers")
+        .arg("lost-reply")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(q.keys().jobs())
+        .arg(">")
+        .ignore()
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let status = poll(Duration::from_secs(60), "the stranded job's result", || {
+        let url = url.clone();
+        async move { result_status(&url, "stranded").await }
+    })
+    .await;
+    assert_eq!(status, Status::Ok);
+    let r = q.result("stranded").await.unwrap().unwrap();
+    assert_eq!(r.outcome.stdout, "ran\n");
+    assert_eq!(r.attempt, 1, "the lost delivery charged no attempt");
+    let long = poll(Duration::from_secs(60), "the long job's result", || {
+        let q = q.clone();
+        async move { q.result("held-long").await.ok().flatten() }
+    })
+    .await;
+    assert_eq!(long.attempt, 1);
+    let results = results_stream(&url, "default").await;
+    let ran: Vec<&str> = results
+        .iter()
+        .filter_map(|(_, r)| r["id"].as_str())
+        .collect();
+    assert_eq!(ran.iter().filter(|id| **id == "held-long").count(), 1);
+    assert_eq!(ran.iter().filter(|id| **id == "stranded").count(), 1);
+    assert_eq!(
+        metric(
+            &http_get(metrics, "/metrics").1,
+            "forkbox_recovered_total",
+            &[("queue", "default")]
+        ),
+        Some(1.0)
+    );
+    assert!(
+        w.log().contains("a read was handed but never received"),
+        "{}",
+        w.log()
+    );
+    w.kill();
+}

@@ -62,7 +62,7 @@ impl Shared {
     /// visibility timeout.
     pub(crate) async fn hand_back(&self, d: &Delivery) {
         // No longer held first: a claim refresh after the hand-back would make it look busy.
-        self.held.remove(&d.queue, d.partition, &d.entry_id);
+        self.held.leave(&d.queue, d.partition, &d.entry_id);
         let Some(q) = self.set.get(&d.queue, d.partition) else {
             return;
         };
@@ -82,7 +82,7 @@ impl Shared {
     /// Leaves an entry pending, unrefreshed: the reclaimer hands it out again after the
     /// visibility timeout (or this worker name's next life resumes it).
     pub(crate) fn leave_pending(&self, d: &Delivery) {
-        self.held.remove(&d.queue, d.partition, &d.entry_id);
+        self.held.leave(&d.queue, d.partition, &d.entry_id);
     }
 
     async fn run_job(self: Arc<Self>, d: Delivery, hold: Hold, slot: Slot, outbox: Outbox) {

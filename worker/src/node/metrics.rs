@@ -36,6 +36,7 @@ pub const IN_FLIGHT: &str = "forkbox_jobs_in_flight";
 pub const DEAD_LETTER_LENGTH: &str = "forkbox_dead_letter_length";
 pub const BUILD_INFO: &str = "forkbox_build_info";
 pub const RECLAIMED: &str = "forkbox_reclaimed_total";
+pub const RECOVERED: &str = "forkbox_recovered_total";
 pub const DEAD_LETTERS: &str = "forkbox_dead_letter_total";
 pub const WATCHDOG_OVERSHOOT: &str = "forkbox_watchdog_overshoot_seconds";
 
@@ -113,6 +114,10 @@ fn describe() {
         RECLAIMED,
         "Entries taken over from dead or stuck consumers."
     );
+    describe_counter!(
+        RECOVERED,
+        "Own entries taken back after the reply of the read that was handed them was lost."
+    );
     describe_counter!(DEAD_LETTERS, "Entries moved to the dead-letter stream.");
     describe_counter!(REDIS_ERRORS, "Failed Redis calls.");
     describe_histogram!(
@@ -133,6 +138,7 @@ pub fn register(queues: &[String], slots: usize) {
         metrics::gauge!(DEAD_LETTER_LENGTH, "queue" => q.clone()).set(0.0);
         metrics::gauge!(IN_FLIGHT, "queue" => q.clone()).set(0.0);
         metrics::counter!(RECLAIMED, "queue" => q.clone()).absolute(0);
+        metrics::counter!(RECOVERED, "queue" => q.clone()).absolute(0);
         metrics::counter!(DEAD_LETTERS, "queue" => q.clone()).absolute(0);
         // Touching a histogram registers it; it renders with zero counts until the first sample.
         let _ = metrics::histogram!(JOB_DURATION, "queue" => q.clone());

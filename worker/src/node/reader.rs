@@ -6,7 +6,11 @@
 //! it runs. At start the reader drains the node's own pending entries; every half visibility
 //! timeout it reclaims idle entries of dead workers with the admissions it has, and again as
 //! soon as admissions free up while a reclaim found more idle entries than it could take, so
-//! a large abandoned backlog drains at the speed of the node's slots.
+//! a large abandoned backlog drains at the speed of the node's slots. As often as a read may
+//! take to answer, whatever the visibility timeout, it takes back the node's own entries whose
+//! read reply was lost on the way (a connection that failed or timed out after Redis handed
+//! them out, a cluster connection that sent a read again): pending on this consumer, held by
+//! no job, and idle longer than any read takes to answer.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,6 +76,7 @@ impl Shared {
         let reclaim_every = (vis / 2).max(Duration::from_millis(100));
         let mut next_reclaim = Instant::now();
         self.set_next_reclaim(next_reclaim);
+        let mut next_recovery = Instant::now() + self.stranded_after();
         let mut stop = self.life.stop.clone();
         loop {
             let mut permits = tokio::select! {
@@ -80,6 +85,13 @@ impl Shared {
             };
             if self.stopping() {
                 return;
+            }
+            if Instant::now() >= next_recovery {
+                self.recover_stranded(&mut permits, vis, &outbox).await;
+                next_recovery = Instant::now() + self.stranded_after();
+                if permits.is_empty() {
+                    continue;
+                }
             }
             if Instant::now() >= next_reclaim {
                 let more = self.reclaim(&mut permits, vis, &outbox).await;
@@ -96,6 +108,7 @@ impl Shared {
                 }
             }
             let block = (next_reclaim
+                .min(next_recovery)
                 .saturating_duration_since(Instant::now())
                 .as_millis() as u64)
                 .clamp(1, self.config.block_ms);
@@ -172,6 +185,58 @@ impl Shared {
             }
         }
         more
+    }
+
+    /// How long an own pending entry held by no job must be idle to be taken for one whose
+    /// read reply was lost: longer than any read may take to answer.
+    fn stranded_after(&self) -> Duration {
+        Duration::from_millis(self.config.block_ms)
+            + forkbox_queue::RESPONSE_TIMEOUT
+            + Duration::from_secs(1)
+    }
+
+    /// Takes back this node's own entries whose read reply was lost, at most one per free
+    /// permit (see [`forkbox_queue::Queue::recover_stranded`]).
+    async fn recover_stranded(
+        self: &Arc<Self>,
+        permits: &mut Vec<Hold>,
+        vis: Duration,
+        outbox: &Outbox,
+    ) {
+        let stranded_ms = self.stranded_after().as_millis() as u64;
+        for q in self.set.queues() {
+            if permits.is_empty() {
+                return;
+            }
+            let skip = self
+                .held
+                .held_or_left(q.name(), q.keys().partition_index(), vis * 2);
+            match q
+                .recover_stranded(&self.name, stranded_ms, &skip, permits.len())
+                .await
+            {
+                Ok(ds) => {
+                    if !ds.is_empty() {
+                        tracing::warn!(
+                            queue = q.name(),
+                            "took back {} entr(ies) a read was handed but never received",
+                            ds.len()
+                        );
+                    }
+                    ::metrics::counter!(m::RECOVERED, "queue" => q.name().to_owned())
+                        .increment(ds.len() as u64);
+                    for d in ds {
+                        let p = permits
+                            .pop()
+                            .expect("recovery is limited to the free permits");
+                        self.clone().spawn_job(d, p, outbox);
+                    }
+                }
+                Err(e) => self
+                    .health
+                    .failed("recovering entries of lost read replies", &e),
+            }
+        }
     }
 
     pub(crate) fn spawn_job(self: Arc<Self>, d: Delivery, hold: Hold, outbox: &Outbox) {
