@@ -21,7 +21,8 @@
 //! The processes it starts, one file each: `zygote` (with its `watchdog`), `init` (pid 1 of
 //! each sandbox), and `launcher` (which becomes the program), with the isolation steps they
 //! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `limits`,
-//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `collect`.
+//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `collect`,
+//! and `usage` (what a sandbox killed from outside used).
 //! Messages between them are in `wire`; every `unsafe` block is in `sys`.
 
 pub mod budget;
@@ -50,6 +51,7 @@ mod staging;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod syscalls;
+mod usage;
 mod watchdog;
 pub mod wire;
 pub mod zygote;
