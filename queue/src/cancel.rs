@@ -24,8 +24,9 @@ use redis::{
 use tokio::sync::mpsc;
 
 use crate::error::QueueError;
+use crate::keys::GROUP;
 use crate::link::{connection_config, RESPONSE_TIMEOUT};
-use crate::queue::{now_ms, Opener, Queue};
+use crate::queue::{now_ms, Opener, Queue, SCRIPTS};
 use crate::reply;
 
 /// What a [`CancelWatcher`] saw.
@@ -38,7 +39,93 @@ pub enum CancelEvent {
     Resynced(Vec<String>),
 }
 
+/// Where a job is, as [`Queue::job_state`] finds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    /// In the stream, not yet delivered to a worker.
+    Queued,
+    /// Delivered to this consumer and not yet acknowledged (a consumer that died holds its
+    /// entries until they are reclaimed).
+    Running { worker: String },
+    /// Its result exists, with this status.
+    Finished { status: String },
+    /// No job with this id: never submitted, its result expired, or added with a raw `XADD`
+    /// under an id of its own (the enqueue script's marker is what finds a job).
+    Unknown,
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobState::Queued => f.write_str("queued"),
+            JobState::Running { worker } => write!(f, "running on {worker}"),
+            JobState::Finished { status } => write!(f, "finished ({status})"),
+            JobState::Unknown => f.write_str("unknown"),
+        }
+    }
+}
+
+impl JobState {
+    /// Whether a cancel can still stop it.
+    pub fn cancellable(&self) -> bool {
+        matches!(self, JobState::Queued | JobState::Running { .. })
+    }
+}
+
+/// The longest a cancel made ahead of its job may wait for it.
+pub const MAX_CANCEL_AHEAD_S: u64 = crate::schema::MAX_RESULT_TTL_S;
+
 impl Queue {
+    /// The publish command of this broker's cancel channel (sharded in a Redis Cluster).
+    pub(crate) fn publish_command(&self) -> &'static str {
+        if self.broker.is_cluster() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        }
+    }
+
+    /// Where job `id` is: queued, running, finished or unknown (one round trip, read-only).
+    pub async fn job_state(&self, id: &str) -> Result<JobState, QueueError> {
+        let (state, detail): (String, String) = SCRIPTS
+            .job_state
+            .key(self.keys.result(id))
+            .key(self.keys.done(id))
+            .key(self.keys.idem(id))
+            .key(self.keys.jobs())
+            .arg(id)
+            .arg(GROUP)
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| self.cancel_err(e))?;
+        Ok(match state.as_str() {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running { worker: detail },
+            "finished" => JobState::Finished { status: detail },
+            _ => JobState::Unknown,
+        })
+    }
+
+    /// Cancels `id` ahead of its job: a job enqueued with this id (through the enqueue script)
+    /// within `lifetime_s` is cancelled as it is added; after that the cancel lapses. For a
+    /// job that exists already use [`Queue::cancel`].
+    pub async fn cancel_ahead(&self, id: &str, lifetime_s: u64) -> Result<(), QueueError> {
+        let now = now_ms();
+        let lapses = now.saturating_add(lifetime_s.min(MAX_CANCEL_AHEAD_S).saturating_mul(1000));
+        redis::pipe()
+            .atomic()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(self.keys.cancel_ahead())
+            .arg("-inf")
+            .arg(now)
+            .ignore()
+            .zadd(self.keys.cancel_ahead(), id, lapses)
+            .ignore()
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(|e| self.cancel_err(e))
+    }
+
     fn cancel_err(&self, source: redis::RedisError) -> QueueError {
         QueueError::Cancel {
             queue: self.name().to_owned(),
@@ -46,16 +133,14 @@ impl Queue {
         }
     }
 
-    /// Cancels job `id`, pending or running. Returns how many workers heard it live (the
-    /// others pick it up from the set when they next resync).
+    /// Cancels job `id`, pending or running, whatever [`Queue::job_state`] says (an id not yet
+    /// submitted is cancelled too, for as long as the set remembers it: see
+    /// [`Queue::cancel_ahead`] for a cancel of a job to come). Returns how many workers heard
+    /// it live (the others pick it up from the set when they next resync).
     pub async fn cancel(&self, id: &str) -> Result<u64, QueueError> {
         let now = now_ms();
         let horizon = now.saturating_sub(self.config.result_ttl_s.saturating_mul(1000));
-        let publish = if self.broker.is_cluster() {
-            "SPUBLISH"
-        } else {
-            "PUBLISH"
-        };
+        let publish = self.publish_command();
         let (heard,): (u64,) = redis::pipe()
             .atomic()
             .zadd(self.keys.cancelled(), id, now)

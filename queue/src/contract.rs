@@ -20,6 +20,9 @@ use crate::schema::{
 /// `total` counted once per id).
 pub const ENQUEUE_LUA: &str = include_str!("../lua/enqueue.lua");
 
+/// The script that says where a job is (queued, running, finished or unknown), read-only.
+pub const JOB_STATE_LUA: &str = include_str!("../lua/job_state.lua");
+
 /// The contract, as JSON (see the module documentation).
 pub fn contract() -> Value {
     let every_field = Job {
@@ -81,13 +84,14 @@ pub fn contract() -> Value {
             "batch_lines": q.batch_lines("<batch>"),
             "cancelled": q.cancelled(),
             "cancel_channel": q.cancel_channel(),
+            "cancel_ahead": q.cancel_ahead(),
             "worker": q.worker("<name>"),
             "idem": q.idem("<id>"),
             "replies": q.replies("<name>"),
             "meta": q.meta(),
         },
         "partitions": partitions_contract(),
-        "scripts": {"enqueue": ENQUEUE_LUA},
+        "scripts": {"enqueue": ENQUEUE_LUA, "job_state": JOB_STATE_LUA},
     })
 }
 

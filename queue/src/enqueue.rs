@@ -60,6 +60,7 @@ impl Queue {
     ) -> Result<Vec<Enqueued>, QueueError> {
         let mut pipe = redis::pipe();
         let mut ids = Vec::with_capacity(jobs.len());
+        let now = crate::queue::now_ms();
         for job in jobs {
             let mut job = job.clone();
             if let Some(b) = batch {
@@ -86,9 +87,15 @@ impl Queue {
                     .key(self.keys.idem(&id))
                     .key(self.keys.result(&id))
                     .key(batch_key)
+                    .key(self.keys.cancel_ahead())
+                    .key(self.keys.cancelled())
                     .arg(payload)
                     .arg(self.ttl_for(job.result_ttl_s))
-                    .arg(if job.batch.is_some() { "1" } else { "0" }),
+                    .arg(if job.batch.is_some() { "1" } else { "0" })
+                    .arg(&id)
+                    .arg(now)
+                    .arg(self.publish_command())
+                    .arg(self.keys.cancel_channel()),
             );
             ids.push(id);
         }

@@ -217,6 +217,12 @@ impl Keys {
         format!("{}cancelled", self.prefix)
     }
 
+    /// `forkbox:{Q}:cancel-ahead` — ids cancelled before any job had them (sorted set, score =
+    /// when each cancel lapses, Unix ms); the enqueue script applies them.
+    pub fn cancel_ahead(&self) -> String {
+        format!("{}cancel-ahead", self.prefix)
+    }
+
     /// `forkbox:{Q}:cancel` — the pub/sub channel a cancelled id is published on.
     pub fn cancel_channel(&self) -> String {
         format!("{}cancel", self.prefix)

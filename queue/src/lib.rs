@@ -53,7 +53,7 @@ pub mod skip;
 pub use admin::{
     glob_escape, live_workers, BatchStatus, ConsumerStats, DeadLetter, DlqSelection, Stats,
 };
-pub use cancel::{CancelEvent, CancelWatcher, SUBSCRIPTION_PING};
+pub use cancel::{CancelEvent, CancelWatcher, JobState, MAX_CANCEL_AHEAD_S, SUBSCRIPTION_PING};
 pub use complete::Completion;
 pub use delivery::{parse_payload, Delivery};
 pub use enqueue::Enqueued;

@@ -233,6 +233,16 @@ impl Partitioned {
         self.for_id(id).cancel(id).await
     }
 
+    /// Where job `id` is (see [`Queue::job_state`]).
+    pub async fn job_state(&self, id: &str) -> Result<crate::JobState, QueueError> {
+        self.for_id(id).job_state(id).await
+    }
+
+    /// Cancels `id` ahead of its job on its partition (see [`Queue::cancel_ahead`]).
+    pub async fn cancel_ahead(&self, id: &str, lifetime_s: u64) -> Result<(), QueueError> {
+        self.for_id(id).cancel_ahead(id, lifetime_s).await
+    }
+
     /// Whether `id` is cancelled.
     pub async fn is_cancelled(&self, id: &str) -> Result<bool, QueueError> {
         self.for_id(id).is_cancelled(id).await

@@ -85,6 +85,7 @@ pub(crate) struct Scripts {
     pub hand_back: Script,
     pub remove_consumer: Script,
     pub dlq_requeue: Script,
+    pub job_state: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -94,6 +95,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     hand_back: Script::new(include_str!("../lua/hand_back.lua")),
     remove_consumer: Script::new(include_str!("../lua/remove_consumer.lua")),
     dlq_requeue: Script::new(include_str!("../lua/dlq_requeue.lua")),
+    job_state: Script::new(crate::contract::JOB_STATE_LUA),
 });
 
 /// Where a broker's Redis is.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{conn, ok_result, server_and_queue};
 use forkbox_queue::redis::{self, AsyncCommands};
 use forkbox_queue::{
-    Broker, CancelEvent, Completion, DlqSelection, Job, JobError, QueueConfig, QueueSet,
+    Broker, CancelEvent, Completion, DlqSelection, Job, JobError, JobState, QueueConfig, QueueSet,
     RedisServer, Status,
 };
 
@@ -386,6 +386,79 @@ async fn cancel_reaches_the_set_and_a_watcher() {
     assert_eq!(since.len(), 2);
     let later = q.cancelled_since(since[1].1 + 1).await.unwrap();
     assert!(later.is_empty());
+}
+
+#[tokio::test]
+async fn a_job_is_found_queued_running_finished_or_unknown() {
+    let (_srv, q) = server_and_queue(QueueConfig::default()).await;
+    let state = |id: &'static str| {
+        let q = q.clone();
+        async move { q.job_state(id).await.unwrap() }
+    };
+    assert_eq!(state("never-submitted").await, JobState::Unknown);
+    q.enqueue(&Job {
+        id: Some("a".into()),
+        ..Job::shell("true")
+    })
+    .await
+    .unwrap();
+    assert_eq!(state("a").await, JobState::Queued);
+    // Added with a raw XADD and no id: found by its entry id.
+    let raw = q.enqueue_raw(br#"{"cmd":"true"}"#).await.unwrap();
+    assert_eq!(q.job_state(&raw).await.unwrap(), JobState::Queued);
+    let got = q.read("w1", 1, 100).await.unwrap();
+    assert_eq!(got[0].id, "a");
+    assert_eq!(
+        state("a").await,
+        JobState::Running {
+            worker: "w1".into()
+        }
+    );
+    q.complete(&got[0], &ok_result(&got[0], "", "w1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        state("a").await,
+        JobState::Finished {
+            status: "ok".into()
+        }
+    );
+    // Nothing above wrote a cancel.
+    assert!(q.cancelled_since(0).await.unwrap().is_empty());
+}
+
+/// A cancel made ahead of its job cancels a job enqueued later with that id, published before
+/// the entry exists, and only while it lives; a plain lookup writes nothing.
+#[tokio::test]
+async fn a_cancel_made_ahead_applies_to_a_job_enqueued_while_it_lives() {
+    let (_srv, q) = server_and_queue(QueueConfig::default()).await;
+    let mut w = q.watch_cancellations();
+    assert_eq!(w.next().await.unwrap(), CancelEvent::Resynced(vec![]));
+    q.cancel_ahead("later-1", 3600).await.unwrap();
+    assert!(
+        !q.is_cancelled("later-1").await.unwrap(),
+        "not yet a cancel"
+    );
+    let job = |id: &str| Job {
+        id: Some(id.into()),
+        ..Job::shell("true")
+    };
+    q.enqueue(&job("later-1")).await.unwrap();
+    assert_eq!(
+        w.next().await.unwrap(),
+        CancelEvent::Cancelled("later-1".into())
+    );
+    assert!(q.is_cancelled("later-1").await.unwrap());
+    // Used up: the marker is gone.
+    let mut c = conn(&q).await;
+    let left: usize = c.zcard(q.keys().cancel_ahead()).await.unwrap();
+    assert_eq!(left, 0);
+    // A lapsed one cancels nothing.
+    q.cancel_ahead("later-2", 0).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    q.enqueue(&job("later-2")).await.unwrap();
+    assert!(!q.is_cancelled("later-2").await.unwrap());
+    assert_eq!(q.job_state("later-2").await.unwrap(), JobState::Queued);
 }
 
 #[tokio::test]

@@ -63,6 +63,82 @@ async fn bad_batch_lines_exit_65_and_enqueue_nothing() {
     assert!(help.contains("exit code is 65"), "{help}");
 }
 
+/// `cancel` says where the job was; a mistyped id cancels nothing, so a job submitted later
+/// with it runs, unless the cancel was asked for ahead (and then only while it lives).
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_says_where_the_job_is_and_cancels_ahead_only_when_asked() {
+    let server = start_redis();
+    let url = server.url();
+    let cancel = |extra: &[&str]| {
+        let mut args = vec!["cancel", "--redis", &url, "-q", "cancels"];
+        args.extend_from_slice(extra);
+        forkbox(&args)
+    };
+    let q = queue(&url, "cancels").await;
+    q.ensure_group().await.unwrap();
+    let out = cancel(&["future-1"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no job future-1 on queue cancels")
+            && text(&out.stderr).contains("--ahead"),
+        "{}",
+        text(&out.stderr)
+    );
+    let job = |id: &str| forkbox_queue::Job {
+        id: Some(id.into()),
+        ..forkbox_queue::Job::shell("true")
+    };
+    q.enqueue(&job("future-1")).await.unwrap();
+    assert!(
+        !q.is_cancelled("future-1").await.unwrap(),
+        "a typo cancelled a later job"
+    );
+
+    // Queued, then running: cancelled, and said so.
+    let out = cancel(&["future-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("it will not run"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(q.is_cancelled("future-1").await.unwrap());
+    q.enqueue(&job("running-1")).await.unwrap();
+    let got = q.read("w-7", 10, 100).await.unwrap();
+    let running = got.iter().find(|d| d.id == "running-1").unwrap();
+    let out = cancel(&["running-1"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("running on w-7"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Finished: nothing to cancel.
+    let mut result = forkbox_queue::JobResult::new(
+        "running-1".into(),
+        forkbox_queue::Outcome::not_run(forkbox_queue::Status::Ok, ""),
+        running.deliveries as u32,
+        "w-7".into(),
+    );
+    result.outcome.error = None;
+    q.complete(running, &result).await.unwrap();
+    let out = cancel(&["running-1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("already finished (ok)"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Ahead: the job submitted later is cancelled as it is added.
+    let out = cancel(&["--ahead", "--lifetime", "600", "future-2"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!q.is_cancelled("future-2").await.unwrap());
+    q.enqueue(&job("future-2")).await.unwrap();
+    assert!(q.is_cancelled("future-2").await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn batch_results_are_joined_to_their_input_lines() {
     let server = start_redis();

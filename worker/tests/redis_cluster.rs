@@ -224,9 +224,17 @@ async fn two_workers_drain_queues_on_two_shards_and_the_client_commands_take_the
         &seeds,
         "-q",
         b.name(),
+        "--ahead",
         "never-ran",
     ]);
     assert!(out.status.success(), "cancel: {}", stderr(&out));
+    // The job submitted later is cancelled as it is added (SPUBLISH from the enqueue script).
+    b.enqueue(&Job {
+        id: Some("never-ran".into()),
+        ..Job::shell("true")
+    })
+    .await
+    .unwrap();
     assert!(b.is_cancelled("never-ran").await.unwrap());
     let out = forkbox(&[
         "dlq",

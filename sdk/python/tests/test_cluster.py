@@ -106,8 +106,8 @@ def test_submit_result_batch_and_cancel_through_the_cluster(cluster_worker: str)
     assert sorted(r.stdout for r in results) == sorted(f"{i}\n" for i in range(20))
     assert len({r.id for r in results}) == 20
     # Cancelling a job no worker reads: it is recorded in the queue's slot.
-    a.cancel("py-never-ran")
-    assert a.redis.zscore("forkbox:{py-a}:cancelled", "py-never-ran") is not None
+    assert a.cancel("py-never-ran", ahead=True) == "ahead"
+    assert a.redis.zscore("forkbox:{py-a}:cancel-ahead", "py-never-ran") is not None
 
 
 def test_a_running_job_is_cancelled_over_sharded_pub_sub(cluster_worker: str) -> None:
@@ -176,9 +176,9 @@ def test_a_partitioned_queue_spreads_jobs_over_the_primaries(partitioned_worker:
     got = {r.id: r.stdout for r in q.map([{"id": f"py-m-{i}", "cmd": f"echo m{i}"} for i in range(12)], timeout=60)}
     assert got == {f"py-m-{i}": f"m{i}\n" for i in range(12)}
     # Cancelling records the id on its own partition.
-    q.cancel("py-p-never")
+    assert q.cancel("py-p-never", ahead=True) == "ahead"
     tag = q.tags[q.partition_of("py-p-never")]
-    assert q.redis.zscore(f"forkbox:{{{tag}}}:cancelled", "py-p-never") is not None
+    assert q.redis.zscore(f"forkbox:{{{tag}}}:cancel-ahead", "py-p-never") is not None
 
 
 def test_another_partition_count_is_refused_naming_both(partitioned_worker: str) -> None:

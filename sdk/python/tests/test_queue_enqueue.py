@@ -84,3 +84,27 @@ def test_timeout_on_a_served_queue_has_no_such_hint(worker: str) -> None:
     with pytest.raises(Timeout) as e:
         q.result(f"never-{uuid.uuid4().hex}", timeout=0.3)
     assert "no worker" not in str(e.value)
+
+
+def test_cancel_of_an_unknown_id_cancels_nothing_unless_ahead(redis_url: str) -> None:
+    q = _unserved(redis_url)
+    r = redis.Redis.from_url(redis_url)
+    cancelled = f"forkbox:{{{q.name}}}:cancelled"
+    # A mistyped id: nothing is written, so a job submitted later with it runs.
+    assert q.cancel("future-1") == "unknown"
+    assert r.zscore(cancelled, "future-1") is None
+    q.submit(cmd="true", id="future-1")
+    assert r.zscore(cancelled, "future-1") is None
+    # A queued job is cancelled.
+    assert q.job_state("future-1") == "queued"
+    assert q.cancel("future-1") == "queued"
+    assert r.zscore(cancelled, "future-1") is not None
+    # Asked for: a job submitted with the id while the cancel lives is cancelled as it is added.
+    assert q.cancel("future-2", ahead=True, lifetime_s=600) == "ahead"
+    assert r.zscore(cancelled, "future-2") is None
+    q.submit(cmd="true", id="future-2")
+    assert r.zscore(cancelled, "future-2") is not None
+    # A lapsed one cancels nothing.
+    assert q.cancel("future-3", ahead=True, lifetime_s=0) == "ahead"
+    q.submit(cmd="true", id="future-3")
+    assert r.zscore(cancelled, "future-3") is None

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use forkbox_queue::schema::DEFAULT_MAX_JOB_BYTES;
 use forkbox_queue::{
-    parse_payload, Broker, DlqSelection, Endpoint, Job, JobResult, Partitioned, QueueConfig,
+    parse_payload, Broker, DlqSelection, Endpoint, Job, JobResult, JobState, Partitioned,
+    QueueConfig,
 };
 
 use std::path::PathBuf;
@@ -213,11 +214,24 @@ pub struct DlqPurgeArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(
+    after_help = "Exit status: 0 when a queued or running job was cancelled (or, with \
+    --ahead, an id not yet submitted was marked); 1 when nothing was cancelled: the job had \
+    finished, or no job has this id (a mistyped id cancels nothing)."
+)]
 pub struct CancelArgs {
     #[command(flatten)]
     pub client: ClientOpts,
     /// The job id.
     pub id: String,
+    /// When no job has this id yet, cancel the job that is submitted with it later (through
+    /// the enqueue script, as `forkbox submit` and the SDKs do), for `--lifetime` seconds.
+    #[arg(long)]
+    pub ahead: bool,
+    /// How long a cancel made with `--ahead` waits for its job, in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600, requires = "ahead",
+          value_parser = clap::value_parser!(u64).range(1..=forkbox_queue::MAX_CANCEL_AHEAD_S))]
+    pub lifetime: u64,
 }
 
 /// Connects to Redis at `url`, failing fast with "cannot reach Redis at URL: ...".
@@ -776,14 +790,40 @@ pub async fn dlq_purge(args: DlqPurgeArgs) -> anyhow::Result<ExitCode> {
 
 pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let q = open_existing(&args.client).await?;
-    let heard = q.cancel(&args.id).await?;
-    println!(
-        "cancelled {} on queue {} ({heard} worker(s) heard it live; the others see it when they \
-         next resync)",
-        args.id,
-        q.name()
-    );
-    Ok(ExitCode::SUCCESS)
+    let (id, queue) = (&args.id, q.name());
+    let state = q.job_state(id).await?;
+    if state.cancellable() {
+        let heard = q.cancel(id).await?;
+        let what = match &state {
+            JobState::Queued => "it will not run".to_owned(),
+            other => format!("{other}: it is killed"),
+        };
+        println!(
+            "cancelled {id} on queue {queue}, {what} ({heard} worker(s) heard it live; the \
+             others see it when they next resync)"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    match state {
+        JobState::Unknown if args.ahead => {
+            q.cancel_ahead(id, args.lifetime).await?;
+            println!(
+                "no job {id} on queue {queue} yet: one submitted with this id within {} s is \
+                 cancelled as it is added",
+                args.lifetime
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        JobState::Finished { status } => {
+            eprintln!("job {id} on queue {queue} already finished ({status}): nothing cancelled")
+        }
+        _ => eprintln!(
+            "no job {id} on queue {queue} (never submitted, its result expired, or added by a \
+             raw XADD under an id of its own): nothing cancelled; to cancel a job before it is \
+             submitted, add --ahead"
+        ),
+    }
+    Ok(ExitCode::FAILURE)
 }
 
 #[cfg(test)]

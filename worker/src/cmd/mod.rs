@@ -58,7 +58,8 @@ pub enum Command {
     /// List, requeue or purge dead letters.
     #[command(subcommand)]
     Dlq(client::DlqCommand),
-    /// Cancel a job: a pending one is skipped, a running one is killed (status `cancelled`).
+    /// Cancel a job: a queued one is skipped, a running one is killed (status `cancelled`).
+    /// A finished or unknown id cancels nothing (exit 1), unless `--ahead` is given.
     Cancel(client::CancelArgs),
 }
 

@@ -150,7 +150,7 @@ fn count_cpus(stat: &str) -> u64 {
 /// `utime`, `stime`, `cutime` and `cstime` (fields 14 to 17) and `starttime` (field 22) of a
 /// `/proc/<pid>/stat` line. The command name (field 2) may hold spaces and parentheses: fields
 /// are counted from the last `)`.
-fn cpu_fields(stat: &str) -> Option<([u64; 4], u64)> {
+pub(super) fn cpu_fields(stat: &str) -> Option<([u64; 4], u64)> {
     let after = &stat[stat.rfind(')')? + 1..];
     let mut fields = after.split_whitespace().skip(11);
     let mut next = || fields.next()?.parse::<i64>().ok().map(|v| v.max(0) as u64);

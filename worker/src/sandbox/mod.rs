@@ -22,7 +22,7 @@
 //! each sandbox), and `launcher` (which becomes the program), with the isolation steps they
 //! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `counts`, `limits`,
 //! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `memory`,
-//! `collect`.
+//! `collect`, and `usage` (what a sandbox killed from outside used).
 //! Messages between them are in `wire`; every `unsafe` block is in `sys`.
 
 pub mod budget;
@@ -53,6 +53,7 @@ mod staging;
 #[allow(unsafe_code)]
 pub mod sys;
 pub mod syscalls;
+mod usage;
 mod watchdog;
 pub mod wire;
 pub mod zygote;

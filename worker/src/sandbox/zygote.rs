@@ -27,7 +27,7 @@ use super::watchdog::Deadline;
 use super::wire::{
     self, ExecNote, Exit, FromInit, FromZygote, SetupError, ToInit, ToZygote, ZygoteConfig,
 };
-use super::{identity, limits, mono_ns, seccomp};
+use super::{identity, limits, mono_ns, seccomp, usage};
 
 /// The zygote's nice value when the host lets it raise its priority.
 const ZYGOTE_NICE: i32 = -5;
@@ -184,12 +184,28 @@ struct Sandbox {
     setup_error: Option<SetupError>,
     /// Host pid of the launcher (learned from its ready message's credentials).
     launcher: Option<i32>,
+    /// What its processes had used when it was killed from outside (see `usage.rs`).
+    used_at_kill: Option<sys::Usage>,
 }
 
 impl Sandbox {
+    /// Reads what the sandbox's processes have used, before a kill from outside makes the
+    /// kernel drop it.
+    fn note_usage(&mut self) {
+        if self.phase == Phase::Running && self.used_at_kill.is_none() {
+            self.used_at_kill = usage::sandbox_proc(self.pid.as_raw()).map(|p| usage::used(&p));
+        }
+    }
+
+    /// Kills a running sandbox (and with it the whole pid namespace).
+    fn kill(&mut self) {
+        self.note_usage();
+        let _ = sys::pidfd_kill(&self.pidfd);
+    }
+
     /// Kills a running sandbox that cannot be watched to its end; its outcome says why.
     fn fail_closed(&mut self, error: SetupError) {
-        let _ = sys::pidfd_kill(&self.pidfd);
+        self.kill();
         self.exit.killed = true;
         self.exit.error = Some(error);
     }
@@ -361,7 +377,7 @@ impl Zygote {
                     .and_then(|pid| self.sandboxes.get_mut(pid))
                 {
                     sb.exit.killed = true;
-                    let _ = sys::pidfd_kill(&sb.pidfd);
+                    sb.kill();
                 }
             }
             ToZygote::Release { req } => {
@@ -635,6 +651,7 @@ impl Zygote {
                 exit: Exit::default(),
                 setup_error: None,
                 launcher: None,
+                used_at_kill: None,
             },
         );
         Ok(())
@@ -730,6 +747,7 @@ impl Zygote {
             return;
         };
         sb.exit.timed_out = true;
+        sb.note_usage();
         sb.exit.overshoot_ns = Some(deadline.expire(&sb.pidfd));
         self.poll.unwatch(deadline.as_fd(), Source::Deadline(pid));
     }
@@ -772,8 +790,11 @@ impl Zygote {
                 self.by_req.remove(&sb.req);
                 let mut exit = std::mem::take(&mut sb.exit);
                 exit.exit_ns = mono_ns();
-                exit.cpu_us = usage.cpu_us;
-                exit.max_rss_kb = usage.max_rss_kb;
+                // Killed from outside, the job's processes were reaped by the kernel, not by
+                // the init: what they used is in the figures read before the kill.
+                let used = sb.used_at_kill.unwrap_or_default();
+                exit.cpu_us = usage.cpu_us.max(used.cpu_us);
+                exit.max_rss_kb = usage.max_rss_kb.max(used.max_rss_kb);
                 if let Some(fd) = sb.exec_notify.take() {
                     // The exit can be seen before the exec notification; every writer is gone
                     // now, so this read cannot block.

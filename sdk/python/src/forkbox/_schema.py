@@ -12,12 +12,15 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
-__all__ = ["SCHEMA", "ENQUEUE_LUA", "LIMIT_RANGES", "key"]
+__all__ = ["SCHEMA", "ENQUEUE_LUA", "JOB_STATE_LUA", "LIMIT_RANGES", "key"]
 
 SCHEMA: Dict[str, Any] = json.loads((Path(__file__).parent / "schema.json").read_text(encoding="utf-8"))
 
 #: The script every client runs to add a job: idempotency marker, ``vetted``, batch ``total``.
 ENQUEUE_LUA: str = SCHEMA["scripts"]["enqueue"]
+
+#: The read-only script that says where a job is: queued, running, finished or unknown.
+JOB_STATE_LUA: str = SCHEMA["scripts"]["job_state"]
 
 #: limit name -> (min, max), inclusive.
 LIMIT_RANGES: Dict[str, Tuple[int, int]] = {x["name"]: (x["min"], x["max"]) for x in SCHEMA["limits"]}

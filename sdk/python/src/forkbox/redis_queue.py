@@ -43,7 +43,7 @@ from typing import (
     Union,
 )
 
-from ._schema import ENQUEUE_LUA, SCHEMA, key
+from ._schema import ENQUEUE_LUA, JOB_STATE_LUA, SCHEMA, key
 from .errors import JobRejected, PartitionsMismatch, ProtocolError, Timeout
 from .job import Data, build_job, checked_keywords, normalize_job, validate_job
 from .result import Result
@@ -207,6 +207,7 @@ class Queue:
         self.block_s = block_s
         self.max_job_bytes = max_job_bytes
         self._enqueue_script = self.redis.register_script(ENQUEUE_LUA)
+        self._job_state_script = self.redis.register_script(JOB_STATE_LUA)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -423,6 +424,8 @@ class Queue:
 
     def _enqueue_pipelined(self, client: Any, jobs: Sequence[Dict[str, Any]], partition: int = 0) -> List[Tuple[str, bool]]:
         pipe = client.pipeline(transaction=False)
+        now_ms = int(time.time() * 1000)
+        tag = self.tags[partition]
         for j in jobs:
             batch = j.get("batch")
             ttl = j.get("result_ttl_s") or DEFAULT_RESULT_TTL_S
@@ -432,8 +435,18 @@ class Queue:
                     self.idem_key(j["id"]),
                     self.result_key(j["id"]),
                     self.batch_key(batch if isinstance(batch, str) else "", partition),
+                    key("cancel_ahead", tag),
+                    key("cancelled", tag),
                 ],
-                args=[json.dumps(j, ensure_ascii=False, separators=(",", ":")), ttl, "1" if isinstance(batch, str) else "0"],
+                args=[
+                    json.dumps(j, ensure_ascii=False, separators=(",", ":")),
+                    ttl,
+                    "1" if isinstance(batch, str) else "0",
+                    j["id"],
+                    now_ms,
+                    "SPUBLISH" if self.cluster else "PUBLISH",
+                    key("cancel_channel", tag),
+                ],
                 client=pipe,
             )
         replies = pipe.execute()
@@ -604,8 +617,40 @@ class Queue:
         ids += self._enqueue(buf)
         return Batch(self, bid, ids)
 
-    def cancel(self, job_id: str) -> None:
-        """Cancels a job: a queued job will not run, a running one is killed (``cancelled``)."""
+    def job_state(self, job_id: str) -> str:
+        """Where a job is: ``"queued"``, ``"running"``, ``"finished"`` or ``"unknown"`` (never
+        submitted, its result expired, or added by a raw ``XADD`` under an id of its own)."""
+        keys = [self.result_key(job_id), self.done_key(job_id), self.idem_key(job_id), self.jobs_key_of(self.partition_of(job_id))]
+        args = [job_id, SCHEMA["group"]]
+        if self.cluster:
+            reply = self._on_queue_node(lambda c: self._job_state_script(keys=keys, args=args, client=c), keys[0])
+        else:
+            reply = self._job_state_script(keys=keys, args=args)
+        state = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
+        return state if state in ("queued", "running", "finished") else "unknown"
+
+    def cancel(self, job_id: str, ahead: bool = False, lifetime_s: int = 3600) -> str:
+        """Cancels a job and returns where it was, as :meth:`job_state` says: ``"queued"`` (it
+        will not run) or ``"running"`` (it is killed); its result then has status
+        ``cancelled``. A ``"finished"`` or ``"unknown"`` job is left alone, so a mistyped id
+        cancels nothing. With ``ahead=True`` an unknown id is cancelled ahead of its job: a
+        job enqueued with that id within ``lifetime_s`` seconds is cancelled as it is added
+        (``"ahead"`` is returned); after that the cancel lapses."""
+        state = self.job_state(job_id)
+        if state in ("queued", "running"):
+            self._cancel_now(job_id)
+        elif state == "unknown" and ahead:
+            now_ms = int(time.time() * 1000)
+            lifetime_s = max(0, min(int(lifetime_s), SCHEMA["defaults"]["max_result_ttl_s"]))
+            ahead_key = key("cancel_ahead", self._tag(job_id))
+            pipe = self.redis.pipeline(transaction=True)
+            pipe.zremrangebyscore(ahead_key, "-inf", now_ms)
+            pipe.zadd(ahead_key, {job_id: now_ms + lifetime_s * 1000})
+            pipe.execute()
+            return "ahead"
+        return state
+
+    def _cancel_now(self, job_id: str) -> None:
         tag = self._tag(job_id)
         pipe = self.redis.pipeline(transaction=True)
         pipe.zadd(key("cancelled", tag), {job_id: int(time.time() * 1000)})

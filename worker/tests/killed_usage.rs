@@ -1,0 +1,148 @@
+//! A job the sandbox stops (its timeout, its output cap, its CPU time, a cancel) still reports
+//! what it used: judges give time and memory with a time-limit verdict. Each job first holds
+//! 64 MiB and burns half a CPU second, says so on stderr, then goes on burning until it is
+//! stopped; its outcome must count at least that, cold and in the warm Python runtime.
+
+mod sandbox_support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use forkbox::sandbox::runtime::python::{PythonRuntime, PythonSettings};
+use forkbox::sandbox::{Engine, EngineConfig};
+use forkbox_queue::schema::{Job, Limits, Outcome, Runtime, Status};
+
+use sandbox_support::{forkbox, identities, BIN};
+
+/// What every job holds and burns before it is stopped.
+const HELD_KB: u64 = 64 * 1024;
+const BURNED_MS: u64 = 500;
+
+/// Holds 64 MiB (written, so resident), burns `BURNED_MS` of CPU, says so, then runs `then`.
+fn program(then: &str) -> String {
+    format!(
+        "import sys, time\n\
+         held = b'x' * ({HELD_KB} * 1024)\n\
+         t = time.process_time()\n\
+         while time.process_time() - t < {BURNED_MS} / 1000: pass\n\
+         print('burned', file=sys.stderr, flush=True)\n\
+         {then}\n"
+    )
+}
+
+const SPIN: &str = "while True: pass";
+
+fn python(program: &str, warm: bool) -> Job {
+    Job {
+        runtime: warm.then_some(Runtime::Python),
+        ..Job::argv(["python3", "-c", program])
+    }
+}
+
+fn engine() -> Engine {
+    let engine = Engine::start(EngineConfig {
+        zygote_exe: BIN.into(),
+        slots: 2,
+        python: Some(PythonSettings::default()),
+        ..EngineConfig::default()
+    })
+    .expect("engine");
+    if let PythonRuntime::Unavailable(why) = &engine.mechanisms().python {
+        panic!("the warm runtime is unavailable on this host: {why}");
+    }
+    engine
+}
+
+/// What is wrong with `out`, if anything.
+fn miscounted(what: &str, out: &Outcome, status: Status) -> Option<String> {
+    let shown = format!(
+        "{what}: status={} cpu_ms={} max_rss_kb={} error={:?} stderr={}",
+        out.status,
+        out.cpu_ms,
+        out.max_rss_kb,
+        out.error,
+        out.stderr.trim()
+    );
+    if out.status != status {
+        Some(format!("want {status}: {shown}"))
+    } else if !out.stderr.contains("burned") {
+        Some(format!("stopped too early: {shown}"))
+    } else if out.cpu_ms < BURNED_MS || out.max_rss_kb < HELD_KB {
+        Some(format!("usage not counted: {shown}"))
+    } else {
+        None
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
+    let engine = tokio::task::spawn_blocking(engine).await.unwrap();
+    let mut wrong = Vec::new();
+    let mut check =
+        |what: String, out: Outcome, status| wrong.extend(miscounted(&what, &out, status));
+    for warm in [false, true] {
+        let kind = if warm { "warm" } else { "cold" };
+        let timed_out = Job {
+            timeout_ms: Some(4_000),
+            ..python(&program(SPIN), warm)
+        };
+        let out = engine.run(&timed_out).await;
+        check(format!("{kind} timeout"), out, Status::Timeout);
+
+        let flooded = Job {
+            limits: Limits {
+                output_bytes: Some(1000),
+                ..Limits::default()
+            },
+            timeout_ms: Some(30_000),
+            ..python(&program("while True: sys.stdout.write('y' * 4096)"), warm)
+        };
+        let out = engine.run(&flooded).await;
+        check(format!("{kind} output_limit"), out, Status::OutputLimit);
+
+        let over_cpu = Job {
+            limits: Limits {
+                cpu_ms: Some(1_500),
+                ..Limits::default()
+            },
+            timeout_ms: Some(30_000),
+            ..python(&program(SPIN), warm)
+        };
+        let out = engine.run(&over_cpu).await;
+        check(format!("{kind} cpu_limit"), out, Status::CpuLimit);
+
+        // Cancelled once it has had the time to burn its share (4 s of wall time; the outcome
+        // says whether it did).
+        let cancelled = Job {
+            timeout_ms: Some(30_000),
+            ..python(&program(SPIN), warm)
+        };
+        let out = engine
+            .run_cancellable(&cancelled, tokio::time::sleep(Duration::from_secs(4)))
+            .await;
+        check(format!("{kind} cancelled"), out, Status::Cancelled);
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Through `forkbox run`, as host root and as an ordinary user (whose zygote reads the
+/// sandbox's `/proc` with no privilege on the host).
+#[test]
+fn a_timed_out_run_reports_its_usage_as_root_and_as_nobody() {
+    for who in identities() {
+        let out = forkbox(who)
+            .args(["run", "--json", "--timeout-ms", "4000", "--"])
+            .args(["python3", "-c", &program(SPIN)])
+            .stdin(Stdio::null())
+            .output()
+            .expect("spawning forkbox");
+        let outcome: Outcome = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "{who:?}: not an outcome ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let wrong = miscounted(&format!("{who:?}"), &outcome, Status::Timeout);
+        assert!(wrong.is_none(), "{}", wrong.unwrap_or_default());
+    }
+}
