@@ -34,7 +34,7 @@ pub fn main(opts: SandboxOpts) -> anyhow::Result<ExitCode> {
             let m = e.mechanisms();
             println!("info  identity: {}", m.identity);
             println!(
-                "info  seccomp: deny list compiled to {} BPF instructions",
+                "info  seccomp: allow list compiled to {} BPF instructions",
                 m.seccomp_instructions
             );
             if let sandbox::cgroup::Delegation::Unavailable(reason) = &m.cgroup {

@@ -1,32 +1,321 @@
 //! The seccomp policy: declarative tables, compiled once per zygote.
 //!
-//! Everything not listed is allowed, so programs run unmodified; what is listed either changes
-//! the kernel's view of the world (mounts, namespaces, modules, clocks, keyrings), or opens a
-//! large attack surface that untrusted code has no business with (bpf, io_uring, userfaultfd,
-//! perf). Denied calls fail with EPERM, so programs see an ordinary error. Syscalls from a
-//! foreign ABI (i386 via `int 0x80`, x32 numbers with bit 30 set) fail with EPERM too: the
-//! filter only allows the native ABI, so no deny rule can be bypassed through a twin number.
+//! An allow list: a job may make the calls of [`ALLOWED`] (the calls Docker's default profile
+//! allows a container without capabilities, less those refused below), and a few more whose
+//! arguments are checked ([`ARGUMENT_RULES`], and the socket table). Any other call fails with
+//! ENOSYS, as on a kernel built without it, so that libc and runtimes take the fallback they
+//! have for an old kernel; a call a future kernel adds is refused until it is listed.
+//! Syscalls from a foreign ABI (i386 via `int 0x80`, x32 numbers with bit 30 set) fail with
+//! EPERM: the filter only allows the native ABI, so no rule can be bypassed through a twin
+//! number.
+//!
+//! Some calls fail with EPERM, so programs see an ordinary error ([`DENIED`]): those that
+//! change the kernel's view of the world (mounts, namespaces, modules, clocks, keyrings), open
+//! a large attack surface that untrusted code has no business with (bpf, io_uring,
+//! userfaultfd, perf), or reach other processes or the host's memory policy (`kcmp`,
+//! `pidfd_getfd`, `process_madvise`, `process_mrelease`, the NUMA calls), which Docker's
+//! profile refuses without capabilities, and a few recent calls of the same kind (`mseal`,
+//! `cachestat`, `futex_waitv`, landlock).
 //!
 //! Some calls are refused only for some arguments: `clone` with any namespace flag (a new user
 //! namespace would hand the child every capability over namespaces of its own), sockets of
 //! any family but Unix, IPv4, IPv6 and netlink (the others are either not namespaced, such as
-//! vsock, or old protocol code loaded on demand as a module, host-wide), and `fcntl`'s
+//! vsock, or old protocol code loaded on demand as a module, host-wide), `fcntl`'s
 //! `F_NOTIFY` (dnotify: a watch on a shared host directory, like inotify's, would show which
 //! files the host and other jobs open; it fails with EINVAL, as on a kernel without dnotify),
-//! and `mmap` of memory `RLIMIT_DATA` does not count (stack and shared anonymous mappings,
-//! [`MMAP_REFUSED`]; ENOMEM, as at a memory limit).
-//! A few calls fail with ENOSYS instead, as on a kernel built without them, because programs
-//! fall back when they see it: `clone3` (whose flags sit in memory, out of the filter's reach;
-//! libc then uses `clone`), inotify (see dnotify; and the instance quota is one for every
-//! sandbox of the node), memfd (its pages are outside the job's disk and, without cgroups,
-//! outside every limit), and the kernel's asynchronous I/O (`io_setup`: its contexts come from
-//! one host-wide pool, `fs.aio-max-nr`, that a single job could take whole).
+//! `mmap` of memory `RLIMIT_DATA` does not count (stack and shared anonymous mappings,
+//! [`MMAP_REFUSED`]; ENOMEM, as at a memory limit), and `personality` other than the personas
+//! Docker's profile allows.
+//! A few calls fail with ENOSYS on purpose, because programs fall back when they see it
+//! ([`UNAVAILABLE`]): `clone3` (whose flags sit in memory, out of the filter's reach; libc
+//! then uses `clone`), inotify (see dnotify; and the instance quota is one for every sandbox
+//! of the node), memfd (its pages are outside the job's disk and, without cgroups, outside
+//! every limit), and the kernel's asynchronous I/O (`io_setup`: its contexts come from one
+//! host-wide pool, `fs.aio-max-nr`, that a single job could take whole).
 
 use std::io::{Read, Seek};
 
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
 use super::sys::SockFilter;
+
+/// Syscalls allowed whatever their arguments: Docker's default profile for a container
+/// without capabilities, on x86_64, less the calls this policy refuses ([`DENIED`],
+/// [`UNAVAILABLE`]) and those whose arguments it checks ([`ARGUMENT_RULES`], the socket table).
+pub const ALLOWED: &[&str] = &[
+    "accept",
+    "accept4",
+    "access",
+    "alarm",
+    "arch_prctl",
+    "bind",
+    "brk",
+    "capget",
+    "capset",
+    "chdir",
+    "chmod",
+    "chown",
+    "clock_getres",
+    "clock_gettime",
+    "clock_nanosleep",
+    "close",
+    "close_range",
+    "connect",
+    "copy_file_range",
+    "creat",
+    "dup",
+    "dup2",
+    "dup3",
+    "epoll_create",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_ctl_old",
+    "epoll_pwait",
+    "epoll_pwait2",
+    "epoll_wait",
+    "epoll_wait_old",
+    "eventfd",
+    "eventfd2",
+    "execve",
+    "execveat",
+    "exit",
+    "exit_group",
+    "faccessat",
+    "faccessat2",
+    "fadvise64",
+    "fallocate",
+    "fanotify_mark",
+    "fchdir",
+    "fchmod",
+    "fchmodat",
+    "fchown",
+    "fchownat",
+    "fdatasync",
+    "fgetxattr",
+    "flistxattr",
+    "flock",
+    "fork",
+    "fremovexattr",
+    "fsetxattr",
+    "fstat",
+    "fstatfs",
+    "fsync",
+    "ftruncate",
+    "futex",
+    "futimesat",
+    "getcpu",
+    "getcwd",
+    "getdents",
+    "getdents64",
+    "getegid",
+    "geteuid",
+    "getgid",
+    "getgroups",
+    "getitimer",
+    "getpeername",
+    "getpgid",
+    "getpgrp",
+    "getpid",
+    "getppid",
+    "getpriority",
+    "getrandom",
+    "getresgid",
+    "getresuid",
+    "getrlimit",
+    "get_robust_list",
+    "getrusage",
+    "getsid",
+    "getsockname",
+    "getsockopt",
+    "get_thread_area",
+    "gettid",
+    "gettimeofday",
+    "getuid",
+    "getxattr",
+    "inotify_add_watch",
+    "inotify_rm_watch",
+    "ioctl",
+    "ioprio_get",
+    "ioprio_set",
+    "kill",
+    "lchown",
+    "lgetxattr",
+    "link",
+    "linkat",
+    "listen",
+    "listxattr",
+    "llistxattr",
+    "lremovexattr",
+    "lseek",
+    "lsetxattr",
+    "lstat",
+    "madvise",
+    "membarrier",
+    "mincore",
+    "mkdir",
+    "mkdirat",
+    "mknod",
+    "mknodat",
+    "mlock",
+    "mlock2",
+    "mlockall",
+    "modify_ldt",
+    "mprotect",
+    "mq_getsetattr",
+    "mq_notify",
+    "mq_open",
+    "mq_timedreceive",
+    "mq_timedsend",
+    "mq_unlink",
+    "mremap",
+    "msgctl",
+    "msgget",
+    "msgrcv",
+    "msgsnd",
+    "msync",
+    "munlock",
+    "munlockall",
+    "munmap",
+    "nanosleep",
+    "newfstatat",
+    "open",
+    "openat",
+    "openat2",
+    "pause",
+    "pidfd_open",
+    "pidfd_send_signal",
+    "pipe",
+    "pipe2",
+    "pkey_alloc",
+    "pkey_free",
+    "pkey_mprotect",
+    "poll",
+    "ppoll",
+    "prctl",
+    "pread64",
+    "preadv",
+    "preadv2",
+    "prlimit64",
+    "pselect6",
+    "pwrite64",
+    "pwritev",
+    "pwritev2",
+    "read",
+    "readahead",
+    "readlink",
+    "readlinkat",
+    "readv",
+    "recvfrom",
+    "recvmmsg",
+    "recvmsg",
+    "remap_file_pages",
+    "removexattr",
+    "rename",
+    "renameat",
+    "renameat2",
+    "restart_syscall",
+    "rmdir",
+    "rseq",
+    "rt_sigaction",
+    "rt_sigpending",
+    "rt_sigprocmask",
+    "rt_sigqueueinfo",
+    "rt_sigreturn",
+    "rt_sigsuspend",
+    "rt_sigtimedwait",
+    "rt_tgsigqueueinfo",
+    "sched_getaffinity",
+    "sched_getattr",
+    "sched_getparam",
+    "sched_get_priority_max",
+    "sched_get_priority_min",
+    "sched_getscheduler",
+    "sched_rr_get_interval",
+    "sched_setaffinity",
+    "sched_setattr",
+    "sched_setparam",
+    "sched_setscheduler",
+    "sched_yield",
+    "seccomp",
+    "select",
+    "semctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "sendfile",
+    "sendmmsg",
+    "sendmsg",
+    "sendto",
+    "setfsgid",
+    "setfsuid",
+    "setgid",
+    "setgroups",
+    "setitimer",
+    "setpgid",
+    "setpriority",
+    "setregid",
+    "setresgid",
+    "setresuid",
+    "setreuid",
+    "setrlimit",
+    "set_robust_list",
+    "setsid",
+    "setsockopt",
+    "set_thread_area",
+    "set_tid_address",
+    "setuid",
+    "setxattr",
+    "shmat",
+    "shmctl",
+    "shmdt",
+    "shmget",
+    "shutdown",
+    "sigaltstack",
+    "signalfd",
+    "signalfd4",
+    "splice",
+    "stat",
+    "statfs",
+    "statx",
+    "symlink",
+    "symlinkat",
+    "sync",
+    "sync_file_range",
+    "syncfs",
+    "sysinfo",
+    "tee",
+    "tgkill",
+    "time",
+    "timer_create",
+    "timer_delete",
+    "timer_getoverrun",
+    "timer_gettime",
+    "timer_settime",
+    "timerfd_create",
+    "timerfd_gettime",
+    "timerfd_settime",
+    "times",
+    "tkill",
+    "truncate",
+    "umask",
+    "uname",
+    "unlink",
+    "unlinkat",
+    "utime",
+    "utimensat",
+    "utimes",
+    "vfork",
+    "vmsplice",
+    "wait4",
+    "waitid",
+    "write",
+    "writev",
+];
+
+/// Allowed calls newer than the syscall tables of the libseccomp the node may be built with,
+/// by number (the same on every architecture since Linux 5.1). glibc calls `fchmodat2` for
+/// `fchmodat` with `AT_SYMLINK_NOFOLLOW`.
+pub const ALLOWED_BY_NUMBER: &[(&str, i32)] = &[("fchmodat2", 452)];
 
 /// Syscalls denied with EPERM inside every sandbox.
 pub const DENIED: &[&str] = &[
@@ -86,14 +375,34 @@ pub const DENIED: &[&str] = &[
     "vhangup",
     // Filesystem-wide event monitoring (inotify is in `UNAVAILABLE`).
     "fanotify_init",
+    // Other processes, and the host's memory placement: refused by Docker's default profile
+    // without CAP_SYS_PTRACE or CAP_SYS_NICE.
+    "kcmp",
+    "pidfd_getfd",
+    "process_madvise",
+    "process_mrelease",
+    "get_mempolicy",
+    "set_mempolicy",
+    "mbind",
+    "migrate_pages",
+    "move_pages",
+    // Recent attack surface no runtime needs: waits on many futexes, sealing mappings,
+    // the page cache's state of any file, unprivileged sandboxing of its own.
+    "futex_waitv",
+    "landlock_create_ruleset",
+    "landlock_add_rule",
+    "landlock_restrict_self",
 ];
 
-/// Mount-table calls newer than the syscall tables of the libseccomp the node may be built
-/// with, denied with EPERM by their native (x86_64) number.
+/// Calls newer than the syscall tables of the libseccomp the node may be built with, denied
+/// with EPERM by number (the same on every architecture since Linux 5.1).
 pub const DENIED_BY_NUMBER: &[(&str, i32)] = &[
+    ("set_mempolicy_home_node", 450),
+    ("cachestat", 451),
     // Read the mount table of any namespace the caller can name.
     ("statmount", 457),
     ("listmount", 458),
+    ("mseal", 462),
     // `open_tree` with mount attributes.
     ("open_tree_attr", 467),
 ];
@@ -160,7 +469,15 @@ pub const SOCKET_FAMILIES: &[u64] = &[
 ];
 
 /// The calls whose family argument (the first) is checked against [`SOCKET_FAMILIES`].
-const SOCKET_CALLS: &[&str] = &["socket", "socketpair"];
+pub const SOCKET_CALLS: &[&str] = &["socket", "socketpair"];
+
+/// The calls allowed only for some arguments, besides the socket table ([`SOCKET_CALLS`]):
+/// each refuses what its rules match and allows the rest.
+pub const ARGUMENT_RULES: &[&str] = &["clone", "fcntl", "mmap", "personality"];
+
+/// The personas `personality` may set (or, 0xffffffff, only read), as in Docker's default
+/// profile: Linux, its 32-bit flavour, and both with `UNAME26`. Any other fails with ENOSYS.
+pub const PERSONAS: &[u64] = &[0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
 /// What the policy does with one call: the errno it fails with, or none when it is allowed.
 /// The reference the compiled program is tested against, written from the tables alone.
@@ -168,23 +485,27 @@ pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
     if DENIED.contains(&name) || DENIED_BY_NUMBER.iter().any(|&(n, _)| n == name) {
         return Some(libc::EPERM);
     }
-    if UNAVAILABLE.contains(&name) {
-        return Some(libc::ENOSYS);
+    let refused = |refuse: bool, errno: i32| refuse.then_some(errno);
+    match name {
+        "clone" => refused(
+            NAMESPACE_FLAGS.iter().any(|f| args[0] & f != 0),
+            libc::EPERM,
+        ),
+        // The command is an unsigned int: only the low half of the register reaches the
+        // kernel.
+        "fcntl" => refused(args[1] & 0xffff_ffff == F_NOTIFY, libc::EINVAL),
+        "mmap" => refused(
+            MMAP_REFUSED.iter().any(|&(m, v)| args[3] & m == v),
+            libc::ENOMEM,
+        ),
+        "personality" => refused(!PERSONAS.contains(&args[0]), libc::ENOSYS),
+        _ if SOCKET_CALLS.contains(&name) => {
+            refused(!SOCKET_FAMILIES.contains(&args[0]), libc::EAFNOSUPPORT)
+        }
+        _ if ALLOWED.contains(&name) || ALLOWED_BY_NUMBER.iter().any(|&(n, _)| n == name) => None,
+        // `UNAVAILABLE`, and every call not listed.
+        _ => Some(libc::ENOSYS),
     }
-    if name == "clone" && NAMESPACE_FLAGS.iter().any(|f| args[0] & f != 0) {
-        return Some(libc::EPERM);
-    }
-    if SOCKET_CALLS.contains(&name) && !SOCKET_FAMILIES.contains(&args[0]) {
-        return Some(libc::EAFNOSUPPORT);
-    }
-    // The command is an unsigned int: only the low half of the register reaches the kernel.
-    if name == "fcntl" && args[1] & 0xffff_ffff == F_NOTIFY {
-        return Some(libc::EINVAL);
-    }
-    if name == "mmap" && MMAP_REFUSED.iter().any(|&(m, v)| args[3] & m == v) {
-        return Some(libc::ENOMEM);
-    }
-    None
 }
 
 /// Every call denied with EPERM, with its native number: [`DENIED`] through libseccomp's
@@ -215,43 +536,35 @@ pub enum SeccompError {
     Malformed(usize),
 }
 
-/// Compiles the policy ([`verdict`]) into a BPF program for the native architecture.
-pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
-    let mut ctx = ScmpFilterContext::new_filter(ScmpAction::Allow)?;
-    ctx.set_act_badarch(ScmpAction::Errno(libc::EPERM))?;
-    // The sandbox sets no_new_privs itself, just before loading the program.
-    ctx.set_ctl_nnp(false)?;
-    // A binary search over syscall numbers instead of one comparison per denied call: the
-    // kernel runs the program once per syscall number when it is loaded (to cache the calls
-    // it always allows), inside every sandbox, so its length is paid on every spawn. Where
-    // libseccomp or the kernel lacks the option, the linear program enforces the same policy.
-    let _ = ctx.set_ctl_optimize(2);
+/// The rules of [`ARGUMENT_RULES`]. For each call, a refusing rule per case and one allowing
+/// rule for the rest: libseccomp tests a call's refusing rules before its allowing ones (the
+/// program is checked against [`verdict`] by the tests), and a rule without conditions would
+/// override every conditional one of its call.
+fn add_argument_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
     let syscall = |name: &'static str| {
         ScmpSyscall::from_name(name).map_err(|_| SeccompError::UnknownSyscall(name))
     };
-    for name in DENIED {
-        ctx.add_rule(ScmpAction::Errno(libc::EPERM), syscall(name)?)?;
-    }
-    for &(_, nr) in DENIED_BY_NUMBER {
-        ctx.add_rule(ScmpAction::Errno(libc::EPERM), ScmpSyscall::from(nr))?;
-    }
-    for name in UNAVAILABLE {
-        ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), syscall(name)?)?;
-    }
     // The mask drops the high half, which the kernel ignores too.
+    let fcntl = syscall("fcntl")?;
     ctx.add_rule_conditional(
         ScmpAction::Errno(libc::EINVAL),
-        syscall("fcntl")?,
+        fcntl,
         &[ScmpArgCompare::new(
             1,
             ScmpCompareOp::MaskedEqual(0xffff_ffff),
             F_NOTIFY,
         )],
     )?;
+    ctx.add_rule_conditional(
+        ScmpAction::Allow,
+        fcntl,
+        &[ScmpArgCompare::new(1, ScmpCompareOp::NotEqual, F_NOTIFY)],
+    )?;
+    let mmap = syscall("mmap")?;
     for &(mask, value) in MMAP_REFUSED {
         ctx.add_rule_conditional(
             ScmpAction::Errno(libc::ENOMEM),
-            syscall("mmap")?,
+            mmap,
             &[ScmpArgCompare::new(
                 3,
                 ScmpCompareOp::MaskedEqual(mask),
@@ -259,37 +572,105 @@ pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
             )],
         )?;
     }
+    // Whatever is not refused above has no MAP_GROWSDOWN.
+    ctx.add_rule_conditional(
+        ScmpAction::Allow,
+        mmap,
+        &[ScmpArgCompare::new(
+            3,
+            ScmpCompareOp::MaskedEqual(libc::MAP_GROWSDOWN as u64),
+            0,
+        )],
+    )?;
     // One rule per flag: the filter compares an argument with one mask and one value, and
     // rules of one call are alternatives. Only the low half of the flags reaches the kernel,
     // which is where the masks look.
+    let clone = syscall("clone")?;
     for &flag in NAMESPACE_FLAGS {
         let has_flag = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(flag), flag);
+        ctx.add_rule_conditional(ScmpAction::Errno(libc::EPERM), clone, &[has_flag])?;
+    }
+    let any_namespace = NAMESPACE_FLAGS.iter().fold(0, |all, f| all | f);
+    ctx.add_rule_conditional(
+        ScmpAction::Allow,
+        clone,
+        &[ScmpArgCompare::new(
+            0,
+            ScmpCompareOp::MaskedEqual(any_namespace),
+            0,
+        )],
+    )?;
+    let personality = syscall("personality")?;
+    for &persona in PERSONAS {
         ctx.add_rule_conditional(
-            ScmpAction::Errno(libc::EPERM),
-            syscall("clone")?,
-            &[has_flag],
+            ScmpAction::Allow,
+            personality,
+            &[ScmpArgCompare::new(0, ScmpCompareOp::Equal, persona)],
         )?;
     }
+    Ok(())
+}
+
+/// The rules of the socket table ([`SOCKET_CALLS`], [`SOCKET_FAMILIES`]).
+fn add_socket_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
     // The family is an int: a value with any bit set above the largest allowed family, in
     // either half of the register, is refused, so the kernel's truncation to 32 bits cannot
-    // turn a refused 64-bit value into an allowed family. Below it, each gap is refused.
+    // turn a refused 64-bit value into an allowed family. Below it, each gap is refused, and
+    // each allowed family allowed.
     let largest = *SOCKET_FAMILIES.last().expect("some family is allowed");
-    for name in SOCKET_CALLS {
-        let call = syscall(name)?;
+    for &name in SOCKET_CALLS {
+        let call = ScmpSyscall::from_name(name).map_err(|_| SeccompError::UnknownSyscall(name))?;
         let refuse = ScmpAction::Errno(libc::EAFNOSUPPORT);
         ctx.add_rule_conditional(
             refuse,
             call,
             &[ScmpArgCompare::new(0, ScmpCompareOp::Greater, largest)],
         )?;
-        for family in (0..largest).filter(|f| !SOCKET_FAMILIES.contains(f)) {
+        for family in 0..=largest {
+            let action = if SOCKET_FAMILIES.contains(&family) {
+                ScmpAction::Allow
+            } else {
+                refuse
+            };
             ctx.add_rule_conditional(
-                refuse,
+                action,
                 call,
                 &[ScmpArgCompare::new(0, ScmpCompareOp::Equal, family)],
             )?;
         }
     }
+    Ok(())
+}
+
+/// Compiles the policy ([`verdict`]) into a BPF program for the native architecture.
+pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
+    // Calls not listed fail with ENOSYS, `UNAVAILABLE` among them.
+    let mut ctx = ScmpFilterContext::new_filter(ScmpAction::Errno(libc::ENOSYS))?;
+    ctx.set_act_badarch(ScmpAction::Errno(libc::EPERM))?;
+    // The sandbox sets no_new_privs itself, just before loading the program.
+    ctx.set_ctl_nnp(false)?;
+    // A binary search over syscall numbers instead of one comparison per listed call: the
+    // kernel runs the program once per syscall number when it is loaded (to cache the calls
+    // it always allows), inside every sandbox, so its length is paid on every spawn. Where
+    // libseccomp or the kernel lacks the option, the linear program enforces the same policy.
+    let _ = ctx.set_ctl_optimize(2);
+    let syscall = |name: &'static str| {
+        ScmpSyscall::from_name(name).map_err(|_| SeccompError::UnknownSyscall(name))
+    };
+    for name in ALLOWED {
+        ctx.add_rule(ScmpAction::Allow, syscall(name)?)?;
+    }
+    for &(_, nr) in ALLOWED_BY_NUMBER {
+        ctx.add_rule(ScmpAction::Allow, ScmpSyscall::from(nr))?;
+    }
+    for name in DENIED {
+        ctx.add_rule(ScmpAction::Errno(libc::EPERM), syscall(name)?)?;
+    }
+    for &(_, nr) in DENIED_BY_NUMBER {
+        ctx.add_rule(ScmpAction::Errno(libc::EPERM), ScmpSyscall::from(nr))?;
+    }
+    add_argument_rules(&mut ctx)?;
+    add_socket_rules(&mut ctx)?;
     let fd = nix::sys::memfd::memfd_create(
         c"forkbox-seccomp",
         nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
@@ -322,7 +703,9 @@ mod tests {
     const X86_64: u32 = 0xc000_003e;
 
     /// The calls with argument rules: every call of theirs runs the filter.
-    const ARGUMENT_CALLS: &[&str] = &["clone", "socket", "socketpair", "fcntl", "mmap"];
+    fn argument_call(name: &str) -> bool {
+        ARGUMENT_RULES.contains(&name) || SOCKET_CALLS.contains(&name)
+    }
     const ALLOW: u32 = 0x7fff_0000;
 
     fn errno(e: i32) -> u32 {
@@ -336,7 +719,13 @@ mod tests {
     #[test]
     fn every_listed_name_is_a_real_syscall_and_unique() {
         let mut seen = std::collections::HashSet::new();
-        for name in DENIED.iter().chain(UNAVAILABLE).chain(SOCKET_CALLS) {
+        for name in ALLOWED
+            .iter()
+            .chain(DENIED)
+            .chain(UNAVAILABLE)
+            .chain(SOCKET_CALLS)
+            .chain(ARGUMENT_RULES)
+        {
             assert!(
                 ScmpSyscall::from_name(name).is_ok(),
                 "{name} is not a syscall"
@@ -344,7 +733,7 @@ mod tests {
             assert!(seen.insert(name), "{name} listed twice");
         }
         assert!(SOCKET_FAMILIES.windows(2).all(|w| w[0] < w[1]));
-        for (name, nr) in DENIED_BY_NUMBER {
+        for (name, nr) in DENIED_BY_NUMBER.iter().chain(ALLOWED_BY_NUMBER) {
             assert!(seen.insert(name), "{name} listed twice");
             // A libseccomp that knows the call must agree on its number.
             if let Ok(known) = ScmpSyscall::from_name(name) {
@@ -363,9 +752,30 @@ mod tests {
             lookup_dcookie vhangup fsopen fsmount move_mount open_tree fspick mount_setattr \
             fanotify_init quotactl_fd";
         for name in required.split_whitespace() {
-            assert!(DENIED.contains(&name), "{name} missing from the deny list");
+            assert!(
+                DENIED.contains(&name),
+                "{name} missing from the refused calls"
+            );
         }
-        for name in ["statmount", "listmount", "open_tree_attr"] {
+        // What Docker's default profile refuses without capabilities.
+        for name in "kcmp get_mempolicy set_mempolicy mbind migrate_pages move_pages \
+            pidfd_getfd process_madvise process_mrelease futex_waitv landlock_create_ruleset \
+            landlock_add_rule landlock_restrict_self"
+            .split_whitespace()
+        {
+            assert!(
+                DENIED.contains(&name),
+                "{name} missing from the refused calls"
+            );
+        }
+        for name in [
+            "statmount",
+            "listmount",
+            "open_tree_attr",
+            "set_mempolicy_home_node",
+            "cachestat",
+            "mseal",
+        ] {
             assert!(DENIED_BY_NUMBER.iter().any(|&(n, _)| n == name), "{name}");
         }
         for name in [
@@ -414,6 +824,21 @@ mod tests {
             assert_eq!(clone(flag | 0xffff_ffff_0000_0000), Some(libc::EPERM));
         }
         assert_eq!(verdict("clone3", &[0; 6]), Some(libc::ENOSYS));
+        // Not listed: ENOSYS, as on a kernel without the call.
+        assert_eq!(verdict("sethostname", &[0; 6]), Some(libc::ENOSYS));
+        assert_eq!(verdict("uselib", &[0; 6]), Some(libc::ENOSYS));
+        assert_eq!(verdict("read", &[0; 6]), None);
+        assert_eq!(verdict("fchmodat2", &[0; 6]), None);
+        assert_eq!(verdict("kcmp", &[0; 6]), Some(libc::EPERM));
+        assert_eq!(verdict("mseal", &[0; 6]), Some(libc::EPERM));
+        let personality = |p: u64| verdict("personality", &[p, 0, 0, 0, 0, 0]);
+        for allowed in [0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff] {
+            assert_eq!(personality(allowed), None, "{allowed:#x}");
+        }
+        // READ_IMPLIES_EXEC, ADDR_NO_RANDOMIZE, and a query with the high half set.
+        for refused in [0x40_0000, 0x4_0000, 1 << 32 | 0xffff_ffff, 1 << 32] {
+            assert_eq!(personality(refused), Some(libc::ENOSYS), "{refused:#x}");
+        }
         let mmap = |flags: i32| verdict("mmap", &[0, 1 << 30, 3, flags as u64, u64::MAX, 0]);
         for refused in [
             libc::MAP_SHARED | libc::MAP_ANONYMOUS,
@@ -549,7 +974,8 @@ mod tests {
     }
 
     fn expected(name: Option<&str>, args: &[u64; 6]) -> u32 {
-        match name.and_then(|n| verdict(n, args)) {
+        // A number without a name is no call this policy lists.
+        match name.map_or(Some(libc::ENOSYS), |n| verdict(n, args)) {
             Some(e) => errno(e),
             None => ALLOW,
         }
@@ -580,6 +1006,11 @@ mod tests {
             v.push([3, cmd, 0, 0, 0, 0]);
         }
         v.push([0x7fff_ffff, 0, 0, 0, 0, 0]);
+        for &p in PERSONAS {
+            for q in [p, p + 1, p.wrapping_sub(1), p | 1 << 32, p | 0x40_0000] {
+                v.push([q, 0, 0, 0, 0, 0]);
+            }
+        }
         // Every mapping type with and without MAP_ANONYMOUS and MAP_GROWSDOWN, with other
         // flags and with the high half set.
         for kind in 0..16u64 {
@@ -609,7 +1040,7 @@ mod tests {
                     .map(|name| (n as u32, name))
             })
             .collect();
-        for &(name, nr) in DENIED_BY_NUMBER {
+        for &(name, nr) in DENIED_BY_NUMBER.iter().chain(ALLOWED_BY_NUMBER) {
             names.insert(nr as u32, name.to_owned());
         }
         let probes = probes();
@@ -623,7 +1054,7 @@ mod tests {
                     expected(name, args),
                     "syscall {nr} {name:?} {args:x?}"
                 );
-                if !name.is_some_and(|n| ARGUMENT_CALLS.contains(&n)) {
+                if !name.is_some_and(argument_call) {
                     longest_unconditional = longest_unconditional.max(steps);
                 }
             }
@@ -636,7 +1067,7 @@ mod tests {
         }
         // A binary search: a linear list would walk past every listed number.
         assert!(
-            longest_unconditional < (DENIED.len() + UNAVAILABLE.len()) / 2,
+            longest_unconditional < (ALLOWED.len() + DENIED.len()) / 8,
             "{longest_unconditional} instructions for one syscall"
         );
         // The calls the argument rules are about, by hand, through the program itself.
@@ -666,6 +1097,11 @@ mod tests {
             errno(libc::ENOSYS)
         );
         assert_eq!(run(&prog, X86_64, 457, &[0; 6]).0, errno(libc::EPERM));
+        // Numbers no kernel has yet, or past the table: ENOSYS.
+        for unknown in [600, 1023, 0x3fff_ffff] {
+            assert_eq!(run(&prog, X86_64, unknown, &[0; 6]).0, errno(libc::ENOSYS));
+        }
+        assert_eq!(run(&prog, X86_64, 452, &[0; 6]).0, ALLOW, "fchmodat2");
     }
 
     /// The kernel caches, per syscall number, the calls a filter allows whatever the
@@ -678,7 +1114,7 @@ mod tests {
         let poison = [0xdead_beef_dead_beef_u64; 6];
         for nr in 0..1024u32 {
             let name = ScmpSyscall::from(nr as i32).get_name().ok();
-            if name.as_deref().is_some_and(|n| ARGUMENT_CALLS.contains(&n)) {
+            if name.as_deref().is_some_and(argument_call) {
                 continue;
             }
             // Any argument load changes the outcome's dependence on `args`; run with two
@@ -724,7 +1160,7 @@ mod tests {
     #[test]
     fn program_compiles_and_checks_the_architecture_first() {
         let prog = compile().unwrap();
-        assert!(prog.len() > DENIED.len());
+        assert!(prog.len() > ALLOWED.len());
         // First instruction loads seccomp_data.arch (offset 4).
         assert_eq!(prog[0].code, 0x20);
         assert_eq!(prog[0].k, 4);
