@@ -442,3 +442,41 @@ def test_the_default_socket_is_in_a_directory_only_its_user_can_write(forkbox_bi
     finally:
         proc.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_flood_of_connections_leaves_the_daemon_descriptors_for_jobs(forkbox_bin: Path) -> None:
+    if shutil.which("prlimit") is None:
+        pytest.skip("SKIPPED: no prlimit (util-linux) to give the daemon few descriptors")
+    d = short_tmpdir("fbf-")
+    sock = d / "fb.sock"
+    limit = 128
+    proc = Proc(
+        "forkbox daemon",
+        ["prlimit", f"--nofile={limit}:{limit}", "--", str(forkbox_bin), "daemon", "--socket", str(sock), "--slots", "1"],
+        d / "daemon.log",
+    )
+    flood: List[socket.socket] = []
+    try:
+        wait_for_socket(proc, sock)
+        first = RawConn(sock)
+        for _ in range(2 * limit):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(sock))
+            flood.append(s)
+        # A job on a connection made before the flood still runs.
+        # (Its open files under the daemon's own hard limit, which a job cannot exceed.)
+        job = {"id": "under-flood", "cmd": "echo ran", "limits": {"open_files": 32}}
+        first.send(json.dumps(job).encode() + b"\n")
+        res = first.line()
+        assert (res["id"], res["status"], res["stdout"]) == ("under-flood", "ok", "ran\n"), res
+        held = len(os.listdir(f"/proc/{proc.popen.pid}/fd"))
+        assert held < limit - 32, f"the daemon holds {held} of its {limit} descriptors"
+        first.close()
+    finally:
+        for s in flood:
+            s.close()
+    # And once the flood is gone, a new client is served.
+    res2 = Forkbox(socket=sock).run("echo again", open_files=32)
+    assert res2.stdout == "again\n", res2
+    proc.stop()
+    shutil.rmtree(d, ignore_errors=True)
