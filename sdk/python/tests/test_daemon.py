@@ -404,6 +404,40 @@ def test_a_squatter_on_the_socket_gets_nothing_and_the_clients_name_it() -> None
     shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_daemon_user_named_in_the_environment_is_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon shared with --group runs as its own user: the clients talk to it when
+    FORKBOX_DAEMON_USER names that user, and only then."""
+    _as_root_with_runuser()
+    from forkbox import ConnectionLost, UntrustedDaemon
+
+    d = short_tmpdir("fbu-")
+    os.chmod(d, 0o1777)
+    path = d / "forkbox.sock"
+    listener = subprocess.Popen(
+        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", SQUATTER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert listener.stdout is not None
+        assert listener.stdout.readline().strip() == "listening"
+        monkeypatch.setenv("FORKBOX_DAEMON_USER", "root")
+        with pytest.raises(UntrustedDaemon):
+            Forkbox(socket=path).run("echo hi", wait_timeout=5)
+        monkeypatch.setenv("FORKBOX_DAEMON_USER", "nobody")
+        # Trusted, so the request goes out; this listener never answers.
+        with pytest.raises((ConnectionLost, TimeoutError)):
+            Forkbox(socket=path).run("echo hi", wait_timeout=15)
+        out, _ = listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+    conns, sent = out.strip().split()
+    assert conns == "conns=2" and sent != "bytes=0", out
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def test_the_default_socket_is_in_a_directory_only_its_user_can_write(forkbox_bin: Path) -> None:
     _as_root_with_runuser()
     import forkbox._wire as wire
