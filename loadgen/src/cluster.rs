@@ -65,7 +65,9 @@ pub struct Fleet {
 }
 
 impl WorkerConfig {
-    /// The command line of a worker, run inside `netns` when given.
+    /// The command line of a worker, run inside `netns` when given. The Redis URL is not on it
+    /// (every local user reads command lines, and the URL may hold a password): the worker
+    /// gets it in its environment, `FORKBOX_REDIS_URL`.
     pub fn command(&self, netns: Option<&str>) -> Vec<String> {
         let mut argv = Vec::new();
         if let Some(ns) = netns {
@@ -76,8 +78,6 @@ impl WorkerConfig {
         argv.extend(
             [
                 "worker",
-                "--redis",
-                &self.redis_url,
                 "--queues",
                 &self.queue,
                 "--slots",
@@ -104,6 +104,7 @@ fn spawn_node(cfg: &WorkerConfig, name: &str, netns: Option<&str>) -> anyhow::Re
     let child = Command::new(&argv[0])
         .args(&argv[1..])
         .env(crate::orphans::OWNER_ENV, forkbox_queue::owner::tag())
+        .env("FORKBOX_REDIS_URL", &cfg.redis_url)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -219,7 +220,7 @@ mod tests {
     fn worker_command_line() {
         let cfg = WorkerConfig {
             bin: "/x/forkbox".into(),
-            redis_url: "redis://10.213.5.1:7000/".into(),
+            redis_url: "redis://:secret@10.213.5.1:7000/".into(),
             queue: "lg".into(),
             slots: 4,
             visibility_timeout_ms: Some(2000),
@@ -228,8 +229,7 @@ mod tests {
         };
         assert_eq!(
             cfg.command(Some("fbl-ab-0")).join(" "),
-            "ip netns exec fbl-ab-0 /x/forkbox worker --redis redis://10.213.5.1:7000/ \
-             --queues lg --slots 4 --metrics-addr 127.0.0.1:0 \
+            "ip netns exec fbl-ab-0 /x/forkbox worker --queues lg --slots 4 --metrics-addr 127.0.0.1:0 \
              --visibility-timeout-ms 2000 --log-format json"
         );
         let plain = WorkerConfig {

@@ -483,14 +483,18 @@ fn own_redis_is_closed_to_other_local_users() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "hi\n");
 
-    // No process up started carries the password on its command line, which every local
-    // user reads.
+    // No process carries the password on its command line, which every local user reads:
+    // not up, its zygote or its redis-server, nor any other.
     let procs = descendants(up.id());
     assert!(
         procs.len() >= 3,
         "up, its zygote and redis-server: {procs:?}"
     );
-    for pid in &procs {
+    let everyone: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    for pid in procs.iter().chain(&everyone) {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         assert!(
             !text(&cmdline).contains(&password),

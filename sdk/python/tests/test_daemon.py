@@ -404,6 +404,40 @@ def test_a_squatter_on_the_socket_gets_nothing_and_the_clients_name_it() -> None
     shutil.rmtree(d, ignore_errors=True)
 
 
+def test_a_daemon_user_named_in_the_environment_is_trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon shared with --group runs as its own user: the clients talk to it when
+    FORKBOX_DAEMON_USER names that user, and only then."""
+    _as_root_with_runuser()
+    from forkbox import ConnectionLost, UntrustedDaemon
+
+    d = short_tmpdir("fbu-")
+    os.chmod(d, 0o1777)
+    path = d / "forkbox.sock"
+    listener = subprocess.Popen(
+        ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", SQUATTER, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert listener.stdout is not None
+        assert listener.stdout.readline().strip() == "listening"
+        monkeypatch.setenv("FORKBOX_DAEMON_USER", "root")
+        with pytest.raises(UntrustedDaemon):
+            Forkbox(socket=path).run("echo hi", wait_timeout=5)
+        monkeypatch.setenv("FORKBOX_DAEMON_USER", "nobody")
+        # Trusted, so the request goes out; this listener never answers.
+        with pytest.raises((ConnectionLost, TimeoutError)):
+            Forkbox(socket=path).run("echo hi", wait_timeout=15)
+        out, _ = listener.communicate(timeout=60)
+    finally:
+        if listener.poll() is None:
+            listener.kill()
+    conns, sent = out.strip().split()
+    assert conns == "conns=2" and sent != "bytes=0", out
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def test_the_default_socket_is_in_a_directory_only_its_user_can_write(forkbox_bin: Path) -> None:
     _as_root_with_runuser()
     import forkbox._wire as wire
@@ -442,3 +476,41 @@ def test_the_default_socket_is_in_a_directory_only_its_user_can_write(forkbox_bi
     finally:
         proc.stop()
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_flood_of_connections_leaves_the_daemon_descriptors_for_jobs(forkbox_bin: Path) -> None:
+    if shutil.which("prlimit") is None:
+        pytest.skip("SKIPPED: no prlimit (util-linux) to give the daemon few descriptors")
+    d = short_tmpdir("fbf-")
+    sock = d / "fb.sock"
+    limit = 128
+    proc = Proc(
+        "forkbox daemon",
+        ["prlimit", f"--nofile={limit}:{limit}", "--", str(forkbox_bin), "daemon", "--socket", str(sock), "--slots", "1"],
+        d / "daemon.log",
+    )
+    flood: List[socket.socket] = []
+    try:
+        wait_for_socket(proc, sock)
+        first = RawConn(sock)
+        for _ in range(2 * limit):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(str(sock))
+            flood.append(s)
+        # A job on a connection made before the flood still runs.
+        # (Its open files under the daemon's own hard limit, which a job cannot exceed.)
+        job = {"id": "under-flood", "cmd": "echo ran", "limits": {"open_files": 32}}
+        first.send(json.dumps(job).encode() + b"\n")
+        res = first.line()
+        assert (res["id"], res["status"], res["stdout"]) == ("under-flood", "ok", "ran\n"), res
+        held = len(os.listdir(f"/proc/{proc.popen.pid}/fd"))
+        assert held < limit - 32, f"the daemon holds {held} of its {limit} descriptors"
+        first.close()
+    finally:
+        for s in flood:
+            s.close()
+    # And once the flood is gone, a new client is served.
+    res2 = Forkbox(socket=sock).run("echo again", open_files=32)
+    assert res2.stdout == "again\n", res2
+    proc.stop()
+    shutil.rmtree(d, ignore_errors=True)

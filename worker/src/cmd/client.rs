@@ -23,6 +23,7 @@ use forkbox::node::config::{self, check_redis_url};
 
 use super::opts::JobArgs;
 use super::run::print_outcome;
+use super::terminal::{for_stderr, for_stdout};
 
 /// Exit code of `batch submit` when the input has bad lines (sysexits' `EX_DATAERR`): distinct
 /// from 125, which means a sandbox failure.
@@ -299,7 +300,8 @@ async fn open_existing(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
 pub fn print_result(result: &JobResult, json: bool) -> anyhow::Result<ExitCode> {
     if json {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "{}", serde_json::to_string_pretty(result)?)?;
+        let text = serde_json::to_string_pretty(result)?;
+        writeln!(out, "{}", for_stdout(&text))?;
         Ok(ExitCode::from(result.outcome.exit_code.clamp(0, 255) as u8))
     } else {
         print_outcome(&result.outcome, false)
@@ -323,18 +325,18 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     if !enq.new {
         eprintln!(
             "forkbox: job {} is already pending or has a live result; not enqueued again",
-            enq.id
+            for_stderr(&enq.id)
         );
     }
     if !args.wait {
-        println!("{}", enq.id);
+        println!("{}", for_stdout(&enq.id));
         return Ok(ExitCode::SUCCESS);
     }
     let unserved = q.live_workers().await? == 0;
     if unserved {
         eprintln!(
             "forkbox: warning: {}",
-            no_worker_hint(&q, &args.client.redis)
+            for_stderr(&no_worker_hint(&q, &args.client.redis))
         );
     }
     let r = match args.timeout {
@@ -342,15 +344,18 @@ pub async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         Some(secs) => match q.wait_result(&enq.id, seconds("--timeout", secs)?).await? {
             Some(r) => r,
             None => {
+                let hint = if unserved || q.live_workers().await? == 0 {
+                    format!("; {}", no_worker_hint(&q, &args.client.redis))
+                } else {
+                    String::new()
+                };
                 eprintln!(
-                    "forkbox: no result for {} on queue {} within {secs} s{}",
-                    enq.id,
-                    q.name(),
-                    if unserved || q.live_workers().await? == 0 {
-                        format!("; {}", no_worker_hint(&q, &args.client.redis))
-                    } else {
-                        String::new()
-                    }
+                    "{}",
+                    for_stderr(&format!(
+                        "forkbox: no result for {} on queue {} within {secs} s{hint}",
+                        enq.id,
+                        q.name(),
+                    ))
                 );
                 return Ok(ExitCode::from(EXIT_NO_RESULT));
             }
@@ -442,7 +447,8 @@ pub async fn batch_submit(args: BatchSubmitArgs) -> anyhow::Result<ExitCode> {
         Ok(jobs) => jobs,
         Err(bad) => {
             for line in &bad {
-                eprintln!("{}: {line}", args.file.display());
+                // A bad line is quoted, and its text is the file's, not ours.
+                eprintln!("{}: {}", args.file.display(), for_stderr(line));
             }
             eprintln!(
                 "forkbox: {} bad line(s) in {}; nothing enqueued",
@@ -505,7 +511,7 @@ pub async fn batch_submit(args: BatchSubmitArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))?;
     }
     let fresh = enq.iter().filter(|e| e.new).count();
-    eprintln!(
+    let note = format!(
         "batch {batch}: {fresh} job(s) enqueued on queue {} from {} line(s){}; {}",
         q.name(),
         enq.len(),
@@ -519,7 +525,8 @@ pub async fn batch_submit(args: BatchSubmitArgs) -> anyhow::Result<ExitCode> {
             None => format!("results by line: forkbox batch results {batch}"),
         }
     );
-    println!("{batch}");
+    eprintln!("{}", for_stderr(&note));
+    println!("{}", for_stdout(&batch));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -579,12 +586,13 @@ pub async fn batch_results(args: BatchResultsArgs) -> anyhow::Result<ExitCode> {
             }
             if args.jsonl {
                 let v = serde_json::json!({"line": line, "id": id, "result": result});
-                writeln!(out, "{v}")?;
+                writeln!(out, "{}", for_stdout(&v.to_string()))?;
             } else {
                 let (status, exit) = match result {
                     Some(r) => (r.outcome.status.as_str(), r.outcome.exit_code.to_string()),
                     None => ("unfinished", "-".to_owned()),
                 };
+                let id = for_stdout(id);
                 writeln!(out, "{line:>6}  {id:<40} {status:<12} {exit:>4}")?;
             }
         }
@@ -593,7 +601,7 @@ pub async fn batch_results(args: BatchResultsArgs) -> anyhow::Result<ExitCode> {
     if unfinished > 0 {
         eprintln!(
             "batch {}: {unfinished} of {} job(s) have no result (not finished yet, or expired)",
-            args.batch,
+            for_stderr(&args.batch),
             ids.len()
         );
     }
@@ -637,19 +645,21 @@ pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
     loop {
         bar.set_length(status.total);
         bar.set_position(status.done.min(status.total));
-        bar.set_message(summary(&status));
+        // Drawn on standard error; the statuses are Redis's hash fields.
+        bar.set_message(for_stderr(&summary(&status)).into_owned());
         if status.is_complete() {
             break;
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {
             bar.abandon();
-            eprintln!(
+            let note = format!(
                 "batch {}: {}/{} done after the timeout ({})",
                 args.batch,
                 status.done,
                 status.total,
                 summary(&status)
             );
+            eprintln!("{}", for_stderr(&note));
             return Ok(ExitCode::from(1));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -657,21 +667,20 @@ pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
     }
     bar.finish_and_clear();
     if args.json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "batch": args.batch, "total": status.total, "done": status.done,
-                "by_status": status.by_status,
-            })
-        );
+        let v = serde_json::json!({
+            "batch": args.batch, "total": status.total, "done": status.done,
+            "by_status": status.by_status,
+        });
+        println!("{}", for_stdout(&v.to_string()));
     } else {
-        println!(
+        let line = format!(
             "batch {}: {}/{} done: {}",
             args.batch,
             status.done,
             status.total,
             summary(&status)
         );
+        println!("{}", for_stdout(&line));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -700,7 +709,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
         let lag = s
             .lag
             .map_or_else(|| "unknown".to_owned(), |l| l.to_string());
-        println!("queue {name}");
+        println!("queue {}", for_stdout(name));
         println!("  length     {:>8}  (waiting + in flight)", s.length);
         println!("  pending    {:>8}  (delivered, not finished)", s.pending);
         println!("  lag        {lag:>8}  (not yet delivered)");
@@ -709,7 +718,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
         for (c, alive) in consumers {
             println!(
                 "    {:<32} pending {:>5}  idle {:>8.1} s  {}",
-                c.name,
+                for_stdout(&c.name),
                 c.pending,
                 c.idle_ms as f64 / 1000.0,
                 if alive { "alive" } else { "no heartbeat" }
@@ -717,7 +726,7 @@ pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
         }
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&out)?);
+        println!("{}", for_stdout(&serde_json::to_string_pretty(&out)?));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -736,11 +745,11 @@ pub async fn dlq_list(args: DlqListArgs) -> anyhow::Result<ExitCode> {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!("{}", for_stdout(&serde_json::to_string_pretty(&v)?));
         return Ok(ExitCode::SUCCESS);
     }
     if letters.is_empty() {
-        eprintln!("no dead letters on queue {}", q.name());
+        eprintln!("no dead letters on queue {}", for_stderr(q.name()));
         return Ok(ExitCode::SUCCESS);
     }
     let mut out = std::io::stdout().lock();
@@ -753,10 +762,10 @@ pub async fn dlq_list(args: DlqListArgs) -> anyhow::Result<ExitCode> {
         writeln!(
             out,
             "{:<20} {:<28} {:>4}  {}",
-            l.dead_id,
-            l.id,
+            for_stdout(&l.dead_id),
+            for_stdout(&l.id),
             l.deliveries,
-            l.reason.replace('\n', " ")
+            for_stdout(&l.reason.replace('\n', " "))
         )?;
     }
     Ok(ExitCode::SUCCESS)
@@ -770,7 +779,10 @@ pub async fn dlq_requeue(args: DlqRequeueArgs) -> anyhow::Result<ExitCode> {
         DlqSelection::Ids(args.ids.clone())
     };
     let n = q.dlq_requeue(which).await?;
-    println!("requeued {n} dead letter(s) on queue {}", q.name());
+    println!(
+        "requeued {n} dead letter(s) on queue {}",
+        for_stdout(q.name())
+    );
     if !args.all && n < args.ids.len() {
         eprintln!(
             "forkbox: {} of the given ids were not in the dead-letter stream",
@@ -784,16 +796,19 @@ pub async fn dlq_requeue(args: DlqRequeueArgs) -> anyhow::Result<ExitCode> {
 pub async fn dlq_purge(args: DlqPurgeArgs) -> anyhow::Result<ExitCode> {
     let q = open_existing(&args.client).await?;
     let n = q.dlq_purge().await?;
-    println!("purged {n} dead letter(s) from queue {}", q.name());
+    println!(
+        "purged {n} dead letter(s) from queue {}",
+        for_stdout(q.name())
+    );
     Ok(ExitCode::SUCCESS)
 }
 
 pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
     let q = open_existing(&args.client).await?;
-    let (id, queue) = (&args.id, q.name());
-    let state = q.job_state(id).await?;
+    let state = q.job_state(&args.id).await?;
+    let (id, queue) = (for_stdout(&args.id), for_stdout(q.name()));
     if state.cancellable() {
-        let heard = q.cancel(id).await?;
+        let heard = q.cancel(&args.id).await?;
         let what = match &state {
             JobState::Queued => "it will not run".to_owned(),
             other => format!("{other}: it is killed"),
@@ -806,7 +821,7 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
     }
     match state {
         JobState::Unknown if args.ahead => {
-            q.cancel_ahead(id, args.lifetime).await?;
+            q.cancel_ahead(&args.id, args.lifetime).await?;
             println!(
                 "no job {id} on queue {queue} yet: one submitted with this id within {} s is \
                  cancelled as it is added",
@@ -815,12 +830,19 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::SUCCESS);
         }
         JobState::Finished { status } => {
-            eprintln!("job {id} on queue {queue} already finished ({status}): nothing cancelled")
+            eprintln!(
+                "job {} on queue {} already finished ({}): nothing cancelled",
+                for_stderr(&args.id),
+                for_stderr(q.name()),
+                for_stderr(&status.to_string())
+            )
         }
         _ => eprintln!(
-            "no job {id} on queue {queue} (never submitted, its result expired, or added by a \
+            "no job {} on queue {} (never submitted, its result expired, or added by a \
              raw XADD under an id of its own): nothing cancelled; to cancel a job before it is \
-             submitted, add --ahead"
+             submitted, add --ahead",
+            for_stderr(&args.id),
+            for_stderr(q.name())
         ),
     }
     Ok(ExitCode::FAILURE)

@@ -25,6 +25,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
+use forkbox::node::gate::{Descriptors, Gate};
 use forkbox::sandbox::{Engine, OutputChunk};
 
 use super::opts::SandboxOpts;
@@ -184,6 +185,9 @@ async fn serve(
     slots: usize,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::UnixListener::from_std(listener)?;
+    // Each connection holds a descriptor: bounded, so that clients (a whole group's, with
+    // --group) cannot take those the engine needs to set up jobs.
+    let gate = Gate::new(daemon_connections(Descriptors::now()));
     tracing::info!(socket = %path.display(), slots, "forkbox daemon listening");
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
@@ -195,10 +199,14 @@ async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Some(place) = gate.try_enter() else {
+                        tracing::warn!("refused a connection: too many open");
+                        continue;
+                    };
                     let (engine, alive, stop) = (engine.clone(), alive.clone(), stop.clone());
                     tokio::spawn(async move {
                         serve_connection(stream, engine, max_request, stop).await;
-                        drop(alive);
+                        drop((alive, place));
                     });
                 }
                 Err(e) => tracing::warn!(error = %e, "accept failed"),
@@ -215,6 +223,12 @@ async fn serve(
     let _ = all_done.recv().await;
     tracing::info!("forkbox daemon stopped");
     Ok(())
+}
+
+/// Connections the daemon holds at once: a quarter of its descriptors, between 16 and 1024 (the
+/// engine's reserve and each running job's handful come out of the rest).
+fn daemon_connections(descriptors: Option<Descriptors>) -> usize {
+    descriptors.map_or(256, |d| (d.limit / 4).clamp(16, 1024) as usize)
 }
 
 /// One parsed request line, or the reason it was rejected.

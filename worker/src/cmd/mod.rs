@@ -15,6 +15,7 @@ mod daemon;
 mod opts;
 mod run;
 mod settings;
+mod terminal;
 mod up;
 mod worker;
 
@@ -105,7 +106,8 @@ pub fn main(cli: Cli) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("forkbox: {}", describe(&e));
+            // Errors quote what Redis or a job said.
+            eprintln!("forkbox: {}", terminal::for_stderr(&describe(&e)));
             ExitCode::from(EXIT_SANDBOX_ERROR as u8)
         }
     }

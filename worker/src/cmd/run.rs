@@ -1,6 +1,5 @@
 //! `forkbox run`: one job in a sandbox, its output passed through, its exit code ours.
 
-use std::borrow::Cow;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +12,7 @@ use forkbox::sandbox::Engine;
 
 use super::opts::{JobArgs, SandboxOpts};
 use super::runtime;
+use super::terminal::visible;
 
 #[derive(Debug, Args)]
 #[command(allow_negative_numbers = true)]
@@ -97,38 +97,6 @@ pub fn print_outcome_as(outcome: &Outcome, json: bool, raw: bool) -> anyhow::Res
     Ok(ExitCode::from(outcome.exit_code.clamp(0, 255) as u8))
 }
 
-/// `text` with every character that a terminal would obey rather than show made visible, as
-/// `cat -v` does: C0 controls but newline and tab as `^@`..`^_` (ESC as `^[`), DEL as `^?`, C1
-/// controls (8-bit CSI and the like) as `M-^@`..`M-^_`; and the bidirectional overrides and
-/// isolates, which reorder what is shown, as `<U+202E>`.
-pub fn visible(text: &str) -> Cow<'_, str> {
-    let shown = |c: char| {
-        !c.is_control() && !matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-            || c == '\n'
-            || c == '\t'
-    };
-    if text.chars().all(shown) {
-        return Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        match c as u32 {
-            _ if shown(c) => out.push(c),
-            code @ 0..=0x1f => {
-                out.push('^');
-                out.push(char::from(code as u8 + 0x40));
-            }
-            0x7f => out.push_str("^?"),
-            code @ 0x80..=0x9f => {
-                out.push_str("M-^");
-                out.push(char::from((code - 0x80) as u8 + 0x40));
-            }
-            code => out.push_str(&format!("<U+{code:04X}>")),
-        }
-    }
-    Cow::Owned(out)
-}
-
 fn save_files(dir: &std::path::Path, outcome: &Outcome) -> anyhow::Result<()> {
     for (rel, data) in &outcome.files {
         // Paths come from our own collector, relative to /work, but never trust them blindly.
@@ -143,25 +111,4 @@ fn save_files(dir: &std::path::Path, outcome: &Outcome) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn control_characters_are_shown_not_obeyed() {
-        assert!(matches!(
-            visible("plain text\n\ttabbed ünïcödé"),
-            Cow::Borrowed(_)
-        ));
-        assert_eq!(visible("\x1b[2J\x1b]0;title\x07"), "^[[2J^[]0;title^G");
-        assert_eq!(visible("a\rb\x08c\0d\x7f"), "a^Mb^Hc^@d^?");
-        assert_eq!(visible("\u{9b}31m\u{9d}x\u{85}"), "M-^[31mM-^]xM-^E");
-        assert_eq!(
-            visible("evil\u{202e}txt.exe\u{2066}"),
-            "evil<U+202E>txt.exe<U+2066>"
-        );
-        assert_eq!(visible("line\n"), "line\n");
-    }
 }

@@ -31,6 +31,7 @@ use forkbox::node::config::{self, NodeConfig};
 use forkbox::node::{Node, StopHandle, StopLevel};
 
 use super::opts::{start_engine, SandboxOpts};
+use super::terminal::for_stdout;
 use super::{init_logging, runtime};
 
 #[derive(Debug, Args)]
@@ -403,7 +404,7 @@ fn print_table(rows: &[(&str, JobResult)]) {
             o.exit_code,
             o.duration_ms,
             o.spawn_us,
-            line
+            for_stdout(&line)
         );
     }
 }

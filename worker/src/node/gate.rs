@@ -4,9 +4,9 @@
 //! Every process on the host can connect to a loopback port. A client that opens connections
 //! and never finishes its request would otherwise hold one of the node's descriptors each,
 //! until the engine can no longer make the memfds and pipes of the next job. A [`Gate`] in
-//! front of a listener holds at most [`GateLimits::connections`] connections at once (one more
-//! is accepted and closed at once, so the kernel's backlog never fills) and gives each
-//! [`GateLimits::head`] to send its request head ([`read_head`]). [`Descriptors`] tells how
+//! front of a listener holds at most so many connections at once (one more is accepted and
+//! closed at once, so the kernel's backlog never fills); an HTTP listener gives each
+//! [`HeadLimits::time`] to send its request head ([`read_head`]). [`Descriptors`] tells how
 //! close the process is to its `RLIMIT_NOFILE`, for `/healthz` and for telling the node's own
 //! shortage from a job's fault.
 
@@ -18,22 +18,26 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-/// How much a [`Gate`] lets in.
+/// What an HTTP request's head may take.
 #[derive(Debug, Clone, Copy)]
-pub struct GateLimits {
-    /// Connections held at once.
-    pub connections: usize,
+pub struct HeadLimits {
     /// Time from accept to the end of the request head (`\r\n\r\n`).
-    pub head: Duration,
+    pub time: Duration,
     /// Largest request head, in bytes.
-    pub head_bytes: usize,
+    pub bytes: usize,
 }
 
-/// Admits connections of one listener within its [`GateLimits`].
+/// Admits at most so many connections of one listener at once.
 #[derive(Debug, Clone)]
 pub struct Gate {
-    limits: GateLimits,
+    connections: usize,
     permits: Arc<Semaphore>,
+}
+
+/// A connection's place at the [`Gate`], given back when this is dropped.
+#[derive(Debug)]
+pub struct Place {
+    _permit: OwnedSemaphorePermit,
 }
 
 /// One admitted connection; its place at the gate frees when this is dropped (so the stream
@@ -41,7 +45,7 @@ pub struct Gate {
 #[derive(Debug)]
 pub struct Admitted {
     stream: TcpStream,
-    _permit: OwnedSemaphorePermit,
+    _place: Place,
 }
 
 impl Admitted {
@@ -69,15 +73,18 @@ const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
 
 impl Gate {
-    pub fn new(limits: GateLimits) -> Gate {
+    pub fn new(connections: usize) -> Gate {
         Gate {
-            limits,
-            permits: Arc::new(Semaphore::new(limits.connections)),
+            connections,
+            permits: Arc::new(Semaphore::new(connections)),
         }
     }
 
-    pub fn limits(&self) -> GateLimits {
-        self.limits
+    /// A place for a connection just accepted, if one is free (for listeners other than TCP,
+    /// whose accept loop is their own).
+    pub fn try_enter(&self) -> Option<Place> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        Some(Place { _permit: permit })
     }
 
     /// The next connection within the limit. Connections over it are closed as they arrive;
@@ -92,19 +99,16 @@ impl Gate {
                     continue;
                 }
             };
-            match self.permits.clone().try_acquire_owned() {
-                Ok(permit) => {
+            match self.try_enter() {
+                Some(place) => {
                     return Admitted {
                         stream,
-                        _permit: permit,
+                        _place: place,
                     }
                 }
-                Err(_) => {
+                None => {
                     let _ = stream.try_write(BUSY);
-                    tracing::debug!(
-                        "refused a connection: {} already open",
-                        self.limits.connections
-                    );
+                    tracing::debug!("refused a connection: {} already open", self.connections);
                 }
             }
         }
@@ -112,7 +116,7 @@ impl Gate {
 }
 
 /// Reads up to the end of an HTTP request head within the gate's limits; returns the head.
-pub async fn read_head(stream: &mut TcpStream, limits: GateLimits) -> Result<Vec<u8>, HeadError> {
+pub async fn read_head(stream: &mut TcpStream, limits: HeadLimits) -> Result<Vec<u8>, HeadError> {
     let read = async {
         let mut buf = Vec::with_capacity(512);
         let mut chunk = [0u8; 1024];
@@ -122,17 +126,17 @@ pub async fn read_head(stream: &mut TcpStream, limits: GateLimits) -> Result<Vec
                 return Err(HeadError::Closed);
             }
             buf.extend_from_slice(&chunk[..n]);
-            if buf.len() > limits.head_bytes {
-                return Err(HeadError::TooLarge(limits.head_bytes));
+            if buf.len() > limits.bytes {
+                return Err(HeadError::TooLarge(limits.bytes));
             }
         }
         Ok(buf)
     };
-    match tokio::time::timeout(limits.head, read).await {
+    match tokio::time::timeout(limits.time, read).await {
         Ok(r) => r,
         Err(_) => {
             let _ = stream.shutdown().await;
-            Err(HeadError::TooSlow(limits.head))
+            Err(HeadError::TooSlow(limits.time))
         }
     }
 }
@@ -218,14 +222,13 @@ mod tests {
 
     #[tokio::test]
     async fn the_gate_closes_connections_over_the_limit_and_slow_heads() {
-        let limits = GateLimits {
-            connections: 2,
-            head: Duration::from_millis(200),
-            head_bytes: 64,
+        let limits = HeadLimits {
+            time: Duration::from_millis(200),
+            bytes: 64,
         };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let gate = Gate::new(limits);
+        let gate = Gate::new(2);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let acceptor = tokio::spawn(async move {
             loop {

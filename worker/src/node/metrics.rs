@@ -5,7 +5,7 @@
 //! `GET /healthz` from a small HTTP/1.1 responder on a tokio listener ([`serve`]), which keeps
 //! hyper out of the build. Every series the node reports is registered at zero when it starts
 //! ([`register`]), so a first scrape already lists them all. Any local user can reach the
-//! port, so it sits behind a [`Gate`]: at most [`METRICS_GATE`]'s connections at once, each
+//! port, so it sits behind a [`Gate`]: at most [`METRICS_CONNECTIONS`] at once, each
 //! with a few seconds to send its request head. `/healthz` fails when the node itself is short
 //! of descriptors, or a job's set-up recently failed for want of the node's own resources.
 
@@ -20,7 +20,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::node::error::NodeError;
-use crate::node::gate::{read_head, Descriptors, Gate, GateLimits, HeadError};
+use crate::node::gate::{read_head, Descriptors, Gate, HeadError, HeadLimits};
 use crate::node::health::RedisHealth;
 pub use crate::node::health::REDIS_ERRORS;
 
@@ -244,7 +244,7 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, status: Arc<
             upkeep.run_upkeep();
         }
     }));
-    let gate = Gate::new(METRICS_GATE);
+    let gate = Gate::new(METRICS_CONNECTIONS);
     loop {
         let mut admitted = gate.accept(&listener).await;
         let handle = handle.clone();
@@ -259,13 +259,14 @@ pub async fn serve(listener: TcpListener, handle: PrometheusHandle, status: Arc<
     }
 }
 
-/// The metrics listener's bounds: far fewer connections than the descriptors the engine
-/// keeps free ([`Descriptors::reserve`], at least 64), and 5 s for a request head (a scrape
-/// sends it at once).
-pub const METRICS_GATE: GateLimits = GateLimits {
-    connections: 32,
-    head: Duration::from_secs(5),
-    head_bytes: 8192,
+/// Connections the metrics listener holds at once: far fewer than the descriptors the engine
+/// keeps free ([`Descriptors::reserve`], at least 64).
+pub const METRICS_CONNECTIONS: usize = 32;
+
+/// A request head's bounds on the metrics port: a scrape sends it at once.
+const METRICS_HEAD: HeadLimits = HeadLimits {
+    time: Duration::from_secs(5),
+    bytes: 8192,
 };
 
 /// The whole exchange, response included, for a reader that takes the answer slowly.
@@ -284,7 +285,7 @@ async fn respond(
     handle: &PrometheusHandle,
     status: &NodeStatus,
 ) -> std::io::Result<()> {
-    let buf = match read_head(stream, METRICS_GATE).await {
+    let buf = match read_head(stream, METRICS_HEAD).await {
         Ok(head) => head,
         Err(HeadError::TooLarge(_)) => {
             return write_response(stream, 431, "text/plain", "request too large\n", false).await

@@ -7,7 +7,7 @@ import os
 import socket as _socket
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Set, Union
 
 from .errors import ForkboxError, JobRejected, ProtocolError, UntrustedDaemon
 from .job import DEFAULT_TIMEOUT_MS
@@ -37,8 +37,27 @@ def default_socket_path() -> str:
     return os.path.join(tmp, f"forkbox-{os.geteuid()}", "forkbox.sock")
 
 
+def trusted_daemon_uids() -> Set[int]:
+    """This user, root, and the user ``$FORKBOX_DAEMON_USER`` names (a name or a uid: the owner
+    of a daemon shared with ``forkbox daemon --group``)."""
+    uids = {os.geteuid(), 0}
+    named = os.environ.get("FORKBOX_DAEMON_USER")
+    if named:
+        if named.isdigit():
+            uids.add(int(named))
+        else:
+            import pwd
+
+            try:
+                uids.add(pwd.getpwnam(named).pw_uid)
+            except KeyError:
+                raise ForkboxError(f"FORKBOX_DAEMON_USER={named}: no such user") from None
+    return uids
+
+
 def check_daemon_identity(sock: _socket.socket, socket_path: str) -> None:
-    """Refuses a server that is neither this user nor root, before a byte is sent to it.
+    """Refuses a server run by an untrusted user (see :func:`trusted_daemon_uids`), before a
+    byte is sent to it.
 
     The socket's path proves nothing (another user may have bound it first); the kernel's
     record of who listens (``SO_PEERCRED``) does.
@@ -47,7 +66,7 @@ def check_daemon_identity(sock: _socket.socket, socket_path: str) -> None:
     if peercred is None:
         raise ForkboxError(f"cannot check who serves {socket_path}: no SO_PEERCRED on this system")
     pid, uid, _gid = struct.unpack("3i", sock.getsockopt(_socket.SOL_SOCKET, peercred, struct.calcsize("3i")))
-    if uid not in (os.geteuid(), 0):
+    if uid not in trusted_daemon_uids():
         raise UntrustedDaemon(socket_path, uid, pid)
 
 

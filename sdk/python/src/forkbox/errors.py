@@ -58,7 +58,8 @@ class UntrustedDaemon(ForkboxError, PermissionError):
             f"refusing to use {socket_path}: it is served by {owner}, pid {pid}, which is neither "
             f"this user (uid {os.geteuid()}) nor root; another user may have taken the path. "
             "Nothing was sent. Remove it, or start your own daemon on a path in a directory only "
-            "you can write"
+            "you can write (for a daemon shared with --group, name its user in "
+            "FORKBOX_DAEMON_USER)"
         )
 
 
