@@ -79,6 +79,21 @@ pub struct RedisServerOptions {
     /// port) with this node timeout in milliseconds: how long a silent peer takes to be marked
     /// failed, and so most of a failover's duration. See [`crate::RedisCluster`].
     pub cluster_node_timeout_ms: Option<u64>,
+    /// Speak TLS only (`--port 0 --tls-port`), with these certificates.
+    pub tls: Option<ServerTls>,
+    /// More `redis-server` arguments (`--user ...`, `--requirepass ...`).
+    pub extra_args: Vec<String>,
+}
+
+/// The TLS side of a server that speaks nothing else.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA that client certificates must be signed by.
+    pub ca: PathBuf,
+    /// Refuse clients without a certificate signed by `ca` (mutual TLS).
+    pub require_client_cert: bool,
 }
 
 impl Default for RedisServerOptions {
@@ -95,6 +110,8 @@ impl Default for RedisServerOptions {
             die_with_parent: false,
             port: None,
             cluster_node_timeout_ms: None,
+            tls: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -190,9 +207,14 @@ impl RedisServer {
         Err(last_err.expect("at least one attempt was made"))
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}/", self.port)
     }
 
     /// The URL through one of the listening addresses (see [`RedisServerOptions::extra_bind`]).
@@ -258,9 +280,27 @@ impl RedisServer {
         } else {
             "no"
         };
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .arg("--bind")
+        match &self.options.tls {
+            Some(tls) => {
+                cmd.args(["--port", "0", "--tls-port"])
+                    .arg(self.port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .arg("--tls-auth-clients")
+                    .arg(if tls.require_client_cert { "yes" } else { "no" });
+                if self.options.cluster_node_timeout_ms.is_some() {
+                    cmd.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                }
+            }
+            None => {
+                cmd.arg("--port").arg(self.port.to_string());
+            }
+        }
+        cmd.arg("--bind")
             .arg(bind.join(" "))
             .arg("--dir")
             .arg(&self.dir)
@@ -281,6 +321,7 @@ impl RedisServer {
                 .arg("--cluster-node-timeout")
                 .arg(timeout.to_string());
         }
+        cmd.args(&self.options.extra_args);
         if self.options.unix_socket {
             cmd.arg("--unixsocket")
                 .arg(self.socket_path())
@@ -309,7 +350,7 @@ impl RedisServer {
                     });
                 }
             }
-            if ping(self.port) {
+            if ping(self.port, self.options.tls.is_some()) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -356,18 +397,23 @@ fn free_port_besides(taken: u16) -> Result<u16, RedisServerError> {
     }
 }
 
-/// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF).
-fn ping(port: u16) -> bool {
+/// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF), or
+/// `-NOAUTH` (it wants a password first). A TLS server is ready once it accepts a connection:
+/// without persistence it has nothing to load.
+fn ping(port: u16, tls: bool) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
+    if tls {
+        return true;
+    }
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     if s.write_all(b"PING\r\n").is_err() {
         return false;
     }
     let mut buf = [0u8; 64];
-    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+    matches!(s.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG") || buf[..n].starts_with(b"-NOAUTH"))
 }
 
 /// util-linux's `setpriv`, when it is in `PATH`.
