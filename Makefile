@@ -15,7 +15,7 @@ FORKBOX_HUMANEVAL ?= $(abspath $(firstword $(wildcard ../shared/data/HumanEval.j
 export FORKBOX_HUMANEVAL
 # Each suite's output is kept here so `make test` can count and list what was skipped.
 TEST_LOGS := target/test-logs
-DEBIAN_PACKAGES := libseccomp-dev pkg-config redis-server redis-tools iproute2 python3-venv util-linux bubblewrap
+DEBIAN_PACKAGES := libseccomp-dev pkg-config redis-server redis-tools iproute2 python3-venv util-linux bubblewrap openssl
 # The language runtimes the limit tests run at the default limits (node may come from another
 # repository's `nodejs`; the JDK from `openjdk-*-jdk-headless`, which the default one depends on).
 RUNTIME_PACKAGES := nodejs default-jdk-headless golang-go ruby erlang-base gcc g++ perl

@@ -25,6 +25,26 @@ pub struct Args {
     /// its own redis-server (required by --hosts and --restart-redis-at).
     #[arg(long, env = "FORKBOX_REDIS_URL")]
     pub redis: Option<String>,
+    /// PEM file of the CAs that sign Redis' certificate, for a rediss:// --redis (spawned
+    /// workers get it too) [default: the system's roots].
+    #[arg(long, env = "FORKBOX_REDIS_CA", value_name = "FILE")]
+    pub redis_ca: Option<std::path::PathBuf>,
+    /// PEM file of a client certificate for Redis (mutual TLS; with --redis-key).
+    #[arg(
+        long,
+        env = "FORKBOX_REDIS_CERT",
+        value_name = "FILE",
+        requires = "redis_key"
+    )]
+    pub redis_cert: Option<std::path::PathBuf>,
+    /// PEM file of the client certificate's private key (with --redis-cert).
+    #[arg(
+        long,
+        env = "FORKBOX_REDIS_KEY",
+        value_name = "FILE",
+        requires = "redis_cert"
+    )]
+    pub redis_key: Option<std::path::PathBuf>,
     /// --redis names a Redis Cluster: one or more comma-separated seed URLs; spawned workers
     /// get --cluster too.
     #[arg(long, env = "FORKBOX_CLUSTER")]
@@ -151,6 +171,31 @@ pub struct Args {
 }
 
 impl Args {
+    /// The TLS settings of a rediss:// --redis.
+    pub fn redis_tls(&self) -> forkbox_queue::RedisTls {
+        forkbox_queue::RedisTls {
+            ca: self.redis_ca.clone(),
+            cert: self.redis_cert.clone(),
+            key: self.redis_key.clone(),
+        }
+    }
+
+    /// The worker flags that carry [`Args::redis_tls`].
+    pub fn redis_tls_flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        for (flag, path) in [
+            ("--redis-ca", &self.redis_ca),
+            ("--redis-cert", &self.redis_cert),
+            ("--redis-key", &self.redis_key),
+        ] {
+            if let Some(p) = path {
+                flags.push(flag.to_owned());
+                flags.push(p.display().to_string());
+            }
+        }
+        flags
+    }
+
     /// Fills `--redis` from the deprecated `FORKBOX_REDIS` when neither the flag nor
     /// `FORKBOX_REDIS_URL` gave it; returns the warning to print when it did.
     pub fn take_deprecated_redis_env(&mut self, old: Option<String>) -> Option<&'static str> {

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 
 use forkbox_queue::keys::{JOB_FIELD, RESULT_FIELD};
-use forkbox_queue::{Connection, Endpoint, Keys, Link};
+use forkbox_queue::{connect, Connection, Endpoint, Keys, Link, RedisTls};
 
 use crate::mix::{JobSource, Planned};
 use crate::stats::{percentiles_ms, Recorder, ResultView};
@@ -130,23 +130,23 @@ pub enum Target {
 }
 
 impl Target {
-    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds).
-    pub fn open(redis: &str, cluster: bool) -> anyhow::Result<Target> {
+    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds),
+    /// with the TLS settings `tls` for `rediss://`.
+    pub fn open(redis: &str, cluster: bool, tls: &RedisTls) -> anyhow::Result<Target> {
         match Endpoint::parse(redis, cluster)? {
-            Endpoint::Single(url) => Ok(Target::Single(
-                redis::Client::open(url.as_str()).with_context(|| format!("redis URL {url}"))?,
-            )),
-            Endpoint::Cluster(seeds) => Ok(Target::Cluster(
-                redis::cluster::ClusterClient::builder(seeds)
-                    .connection_timeout(CONNECT_TIMEOUT)
-                    .response_timeout(RESPONSE_TIMEOUT)
-                    .retries(10)
-                    .min_retry_wait(100)
-                    .max_retry_wait(2_000)
-                    .retry_wait_formula(100, 2)
-                    .build()
-                    .context("cluster seed URLs")?,
-            )),
+            Endpoint::Single(url) => Ok(Target::Single(connect::redis_client(&url, tls)?)),
+            Endpoint::Cluster(seeds) => Ok(Target::Cluster(connect::cluster_client(
+                &seeds,
+                tls,
+                |b| {
+                    b.connection_timeout(CONNECT_TIMEOUT)
+                        .response_timeout(RESPONSE_TIMEOUT)
+                        .retries(10)
+                        .min_retry_wait(100)
+                        .max_retry_wait(2_000)
+                        .retry_wait_formula(100, 2)
+                },
+            )?)),
         }
     }
 

@@ -173,20 +173,50 @@ fn environment(redis_version: String, bin: Option<&PathBuf>) -> Environment {
 }
 
 /// The server's version; the first contact with Redis, so an unreachable one fails the run here
-/// with its address (never the URL, which may hold a password).
+/// with its address (never the URL, which may hold a password), and a refused password or
+/// certificate is named as such.
 async fn redis_version(client: &Target, keys: &Keys) -> anyhow::Result<String> {
-    let mut c = crate::driver::connect(client).await.with_context(|| {
-        format!(
-            "cannot reach Redis at {} (is it running? without --redis the load generator \
-             starts its own)",
-            client.describe()
-        )
-    })?;
+    use forkbox_queue::connect::{is_auth_error, is_tls_error};
+    let refused = |e: &redis::RedisError| {
+        if is_auth_error(e) {
+            Some(anyhow::anyhow!(
+                "authentication failed at {}: {e} (check the user and password in --redis, \
+                 with @ : / # ? % in them %-encoded)",
+                client.describe()
+            ))
+        } else if is_tls_error(e) {
+            Some(anyhow::anyhow!(
+                "TLS handshake with {} failed: {e} (check --redis-ca, --redis-cert, --redis-key)",
+                client.describe()
+            ))
+        } else {
+            None
+        }
+    };
+    let mut c = match crate::driver::connect(client).await {
+        Ok(c) => c,
+        Err(e) => {
+            if let Some(why) = refused(&e) {
+                return Err(why);
+            }
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot reach Redis at {} (is it running? without --redis the load generator \
+                 starts its own)",
+                client.describe()
+            )));
+        }
+    };
     // In a cluster: the version of the shard that holds the queue.
-    let info: String = c
+    let info: String = match c
         .query_in_slot_of(&keys.jobs(), redis::cmd("INFO").arg("server"))
         .await
-        .unwrap_or_default();
+    {
+        Ok(info) => info,
+        Err(e) => match refused(&e) {
+            Some(why) => return Err(why),
+            None => String::new(),
+        },
+    };
     Ok(info
         .lines()
         .find_map(|l| l.strip_prefix("redis_version:"))
@@ -198,12 +228,12 @@ async fn redis_version(client: &Target, keys: &Keys) -> anyhow::Result<String> {
 /// Records the queue's partition count, or fails naming both counts when it has another.
 async fn check_partitions(
     redis: &str,
-    cluster: bool,
+    args: &Args,
     queue: &str,
     partitions: usize,
 ) -> anyhow::Result<()> {
-    let endpoint = forkbox_queue::Endpoint::parse(redis, cluster)?;
-    let broker = forkbox_queue::Broker::connect_to(&endpoint).await?;
+    let endpoint = forkbox_queue::Endpoint::parse(redis, args.cluster)?;
+    let broker = forkbox_queue::Broker::connect_to_with(&endpoint, &args.redis_tls()).await?;
     broker
         .open_partitioned(queue, partitions, forkbox_queue::QueueConfig::default())
         .await?;
@@ -377,6 +407,7 @@ pub async fn run(args: Args, cancel: watch::Receiver<bool>) -> anyhow::Result<Re
             .cluster
             .then(|| "--cluster".to_owned())
             .into_iter()
+            .chain(args.redis_tls_flags())
             .chain(
                 (args.partitions > 1)
                     .then(|| ["--partitions".to_owned(), args.partitions.to_string()])
@@ -522,7 +553,7 @@ async fn open_driver(
     t0: Instant,
     cancel: &watch::Receiver<bool>,
 ) -> anyhow::Result<(Driver, String)> {
-    let target = Target::open(redis_url, args.cluster)?;
+    let target = Target::open(redis_url, args.cluster, &args.redis_tls())?;
     let mut driver = Driver::new(
         target,
         &args.queue,
@@ -543,7 +574,7 @@ async fn open_driver(
     }
     // The first contact with Redis, so an unreachable one is named by its address.
     let redis_version = redis_version(driver.client(), driver.keys()).await?;
-    check_partitions(redis_url, args.cluster, &args.queue, args.partitions).await?;
+    check_partitions(redis_url, args, &args.queue, args.partitions).await?;
     if args.spawn_workers.is_none() && live_workers(driver.client(), driver.keys()).await? == 0 {
         driver.progress.suspend(|| {
             eprintln!(

@@ -18,9 +18,7 @@
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{
-    Client, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushKind,
-};
+use redis::{Client, ConnectionInfo, ProtocolVersion, PushKind};
 use tokio::sync::mpsc;
 
 use crate::error::QueueError;
@@ -278,10 +276,10 @@ impl CancelWatcher {
                 conn.subscribe(&channel).await.map_err(err)?;
                 Ok(Subscription { conn, rx })
             }
-            Opener::Cluster { seeds, .. } => {
+            Opener::Cluster { seeds, tls, .. } => {
                 let mut last = None;
                 for seed in seeds {
-                    match ssubscribe_following_moved(seed, &channel).await {
+                    match ssubscribe_following_moved(seed, tls, &channel).await {
                         Ok(sub) => return Ok(sub),
                         Err(e) => last = Some(e),
                     }
@@ -314,8 +312,21 @@ async fn resp3_connection(
 
 /// Subscribes to sharded `channel` on the node serving its slot: asks `seed`, and on a
 /// `MOVED` reply the node it names (a couple of hops at most, while a failover settles).
-async fn ssubscribe_following_moved(seed: &str, channel: &str) -> redis::RedisResult<Subscription> {
-    let mut info = seed.into_connection_info()?;
+async fn ssubscribe_following_moved(
+    seed: &str,
+    tls: &crate::RedisTls,
+    channel: &str,
+) -> redis::RedisResult<Subscription> {
+    let mut info = crate::connect::redis_client(seed, tls)
+        .map_err(|e| {
+            redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "seed URL",
+                e.to_string(),
+            ))
+        })?
+        .get_connection_info()
+        .clone();
     for _ in 0..3 {
         let (mut conn, rx) = resp3_connection(info.clone()).await?;
         match redis::cmd("SSUBSCRIBE")
@@ -330,7 +341,7 @@ async fn ssubscribe_following_moved(seed: &str, channel: &str) -> redis::RedisRe
                     .and_then(|(addr, _)| addr.rsplit_once(':'))
                     .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)));
                 match target {
-                    Some((host, port)) => info.addr = ConnectionAddr::Tcp(host, port),
+                    Some((host, port)) => info = crate::connect::redirect(&info, host, port),
                     None => return Err(e),
                 }
             }

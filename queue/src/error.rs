@@ -25,6 +25,8 @@ pub enum QueueError {
         #[source]
         source: redis::RedisError,
     },
+    #[error(transparent)]
+    Client(#[from] crate::connect::ConnectError),
     #[error("--redis {redis}: {reason}")]
     BadEndpoint { redis: String, reason: &'static str },
     #[error(transparent)]
@@ -184,6 +186,7 @@ impl QueueError {
             | Batch { source, .. }
             | Layout { source, .. } => Some(source),
             Keys(_)
+            | Client(_)
             | BadEndpoint { .. }
             | MixedBrokers
             | PartitionsMismatch { .. }

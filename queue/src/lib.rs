@@ -31,6 +31,7 @@
 mod admin;
 mod cancel;
 mod complete;
+pub mod connect;
 pub mod contract;
 mod delivery;
 mod enqueue;
@@ -49,12 +50,14 @@ mod reply;
 mod results;
 pub mod schema;
 pub mod skip;
+pub mod test_certs;
 
 pub use admin::{
     glob_escape, live_workers, BatchStatus, ConsumerStats, DeadLetter, DlqSelection, Stats,
 };
 pub use cancel::{CancelEvent, CancelWatcher, JobState, MAX_CANCEL_AHEAD_S, SUBSCRIPTION_PING};
 pub use complete::Completion;
+pub use connect::{ConnectError, RedisTls};
 pub use delivery::{parse_payload, Delivery};
 pub use enqueue::Enqueued;
 pub use error::QueueError;
@@ -67,7 +70,9 @@ pub use queue::{
 };
 pub use reclaim::{Reclaimed, HANDED_BACK_IDLE_MS, RECLAIM_PAGE};
 pub use redis_cluster::{RedisCluster, RedisClusterError};
-pub use redis_server::{random_password, RedisServer, RedisServerError, RedisServerOptions};
+pub use redis_server::{
+    random_password, RedisServer, RedisServerError, RedisServerOptions, ServerTls,
+};
 pub use schema::{
     EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, Runtime,
     RuntimeUse, Status,

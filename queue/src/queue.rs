@@ -26,6 +26,7 @@ use redis::{
     Client, Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, RedisResult, Script, Value,
 };
 
+use crate::connect::{without_password, ConnectError, RedisTls};
 use crate::error::QueueError;
 use crate::keys::{Keys, GROUP};
 use crate::link::{connection_config, Link, RESPONSE_TIMEOUT};
@@ -332,6 +333,7 @@ pub(crate) enum Opener {
         /// For the dedicated blocking connections: a response may take as long as the block.
         blocking: ClusterClient,
         seeds: Vec<String>,
+        tls: RedisTls,
     },
 }
 
@@ -347,15 +349,19 @@ const CLUSTER_RETRY_MAX_MS: u64 = 2_000;
 /// their caller (block time plus [`RESPONSE_TIMEOUT`]); this only has to exceed that.
 const CLUSTER_BLOCKING_RESPONSE_TIMEOUT: Duration = Duration::from_secs(3600);
 
-fn cluster_client(seeds: &[String], response_timeout: Duration) -> RedisResult<ClusterClient> {
-    ClusterClient::builder(seeds.to_vec())
-        .retries(CLUSTER_RETRIES)
-        .min_retry_wait(CLUSTER_RETRY_MIN_MS)
-        .max_retry_wait(CLUSTER_RETRY_MAX_MS)
-        .retry_wait_formula(100, 2)
-        .connection_timeout(crate::link::CONNECT_TIMEOUT)
-        .response_timeout(response_timeout)
-        .build()
+fn cluster_client(
+    seeds: &[String],
+    tls: &RedisTls,
+    response_timeout: Duration,
+) -> Result<ClusterClient, ConnectError> {
+    crate::connect::cluster_client(seeds, tls, |b| {
+        b.retries(CLUSTER_RETRIES)
+            .min_retry_wait(CLUSTER_RETRY_MIN_MS)
+            .max_retry_wait(CLUSTER_RETRY_MAX_MS)
+            .retry_wait_formula(100, 2)
+            .connection_timeout(crate::link::CONNECT_TIMEOUT)
+            .response_timeout(response_timeout)
+    })
 }
 
 /// One Redis deployment: shared connection, blocking-connection pool, scripts.
@@ -388,17 +394,24 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// Connects to `url` (`redis://host:port/db`, `redis+unix:///path`). Fails at once (within
-    /// [`CONNECT_TIMEOUT`](crate::CONNECT_TIMEOUT)) when Redis does not answer. The shared connection is replaced on
-    /// the first call after Redis comes back; calls made while it is away fail with an error
-    /// for which [`QueueError::is_connection`] is true.
+    /// Connects to `url` (`redis://host:port/db`, `rediss://` with the system's TLS roots,
+    /// `redis+unix:///path`); see [`Broker::connect_with`].
     pub async fn connect(url: &str) -> Result<Broker, QueueError> {
-        let err = |source| QueueError::Connect {
-            url: without_password(url),
-            source,
-        };
-        let client = Client::open(url).map_err(err)?;
-        let conn = Link::open(client.clone()).await.map_err(err)?;
+        Broker::connect_with(url, &RedisTls::default()).await
+    }
+
+    /// Connects to `url` with the TLS settings `tls` (for `rediss://`). Fails at once (within
+    /// [`CONNECT_TIMEOUT`](crate::CONNECT_TIMEOUT)) when Redis does not answer. The shared
+    /// connection is replaced on the first call after Redis comes back; calls made while it is
+    /// away fail with an error for which [`QueueError::is_connection`] is true.
+    pub async fn connect_with(url: &str, tls: &RedisTls) -> Result<Broker, QueueError> {
+        let client = crate::connect::redis_client(url, tls)?;
+        let conn = Link::open(client.clone())
+            .await
+            .map_err(|source| QueueError::Connect {
+                url: without_password(url),
+                source,
+            })?;
         Ok(Broker::from_parts(client, conn))
     }
 
@@ -414,23 +427,28 @@ impl Broker {
     }
 
     /// Connects to a Redis Cluster through `seeds` (any of its nodes; the first that answers
-    /// gives the slot map). The connection follows `MOVED` and `ASK` redirections and, when a
-    /// node fails or a replica is promoted, reconnects and refreshes the slot map, retrying
-    /// the command with back-off for a bounded time; calls made while no node serves a slot
-    /// fail with an error for which [`QueueError::is_connection`] is true.
-    pub async fn connect_cluster(seeds: &[String]) -> Result<Broker, QueueError> {
-        let err = |source| QueueError::ConnectCluster {
-            seeds: redact_all(&seeds.join(",")),
-            source,
-        };
-        let client = cluster_client(seeds, RESPONSE_TIMEOUT).map_err(err)?;
-        let blocking = cluster_client(seeds, CLUSTER_BLOCKING_RESPONSE_TIMEOUT).map_err(err)?;
-        let conn = client.get_async_connection().await.map_err(err)?;
+    /// gives the slot map), with the TLS settings `tls` for `rediss://` seeds. The connection
+    /// follows `MOVED` and `ASK` redirections and, when a node fails or a replica is promoted,
+    /// reconnects and refreshes the slot map, retrying the command with back-off for a bounded
+    /// time; calls made while no node serves a slot fail with an error for which
+    /// [`QueueError::is_connection`] is true.
+    pub async fn connect_cluster(seeds: &[String], tls: &RedisTls) -> Result<Broker, QueueError> {
+        let client = cluster_client(seeds, tls, RESPONSE_TIMEOUT)?;
+        let blocking = cluster_client(seeds, tls, CLUSTER_BLOCKING_RESPONSE_TIMEOUT)?;
+        let conn =
+            client
+                .get_async_connection()
+                .await
+                .map_err(|source| QueueError::ConnectCluster {
+                    seeds: redact_all(&seeds.join(",")),
+                    source,
+                })?;
         Ok(Broker {
             inner: Arc::new(BrokerInner {
                 opener: Opener::Cluster {
                     blocking,
                     seeds: seeds.to_vec(),
+                    tls: tls.clone(),
                 },
                 conn: Connection::cluster(conn),
                 blocking: Mutex::new(Vec::new()),
@@ -439,21 +457,31 @@ impl Broker {
         })
     }
 
-    /// Connects to `endpoint`: [`Broker::connect`] or [`Broker::connect_cluster`].
+    /// Connects to `endpoint` with the system's TLS roots: [`Broker::connect_to_with`].
     pub async fn connect_to(endpoint: &Endpoint) -> Result<Broker, QueueError> {
+        Broker::connect_to_with(endpoint, &RedisTls::default()).await
+    }
+
+    /// Connects to `endpoint` with the TLS settings `tls`: [`Broker::connect_with`] or
+    /// [`Broker::connect_cluster`].
+    pub async fn connect_to_with(
+        endpoint: &Endpoint,
+        tls: &RedisTls,
+    ) -> Result<Broker, QueueError> {
         match endpoint {
-            Endpoint::Single(url) => Broker::connect(url).await,
-            Endpoint::Cluster(seeds) => Broker::connect_cluster(seeds).await,
+            Endpoint::Single(url) => Broker::connect_with(url, tls).await,
+            Endpoint::Cluster(seeds) => Broker::connect_cluster(seeds, tls).await,
         }
     }
 
-    /// [`Broker::connect_to`], counting its requests into `trips` (a counter the caller made
-    /// before the broker existed, such as a node's; see [`Broker::round_trips`]).
+    /// [`Broker::connect_to_with`], counting its requests into `trips` (a counter the caller
+    /// made before the broker existed, such as a node's; see [`Broker::round_trips`]).
     pub async fn connect_counted(
         endpoint: &Endpoint,
+        tls: &RedisTls,
         trips: RoundTrips,
     ) -> Result<Broker, QueueError> {
-        let mut broker = Broker::connect_to(endpoint).await?;
+        let mut broker = Broker::connect_to_with(endpoint, tls).await?;
         Arc::get_mut(&mut broker.inner)
             .expect("a broker just made is not shared")
             .conn
@@ -734,15 +762,6 @@ impl Queue {
 }
 
 pub(crate) use crate::link::is_connection_error;
-
-/// `url` with its user and password replaced by `***`, for error messages (which end up in
-/// logs).
-fn without_password(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
-}
 
 /// `fut`, failing with an I/O timeout after `limit`.
 async fn bounded<T>(

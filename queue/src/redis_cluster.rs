@@ -72,15 +72,48 @@ impl NodeView {
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     cli: PathBuf,
+    /// redis-cli's TLS arguments when the nodes speak TLS only.
+    cli_tls: Vec<std::ffi::OsString>,
 }
 
 impl RedisCluster {
     /// Starts `primaries` primaries with `replicas` replicas each (at least 3 primaries: the
     /// minimum `redis-cli --cluster create` accepts).
     pub fn start(primaries: usize, replicas: usize) -> Result<RedisCluster, RedisClusterError> {
+        RedisCluster::start_with(primaries, replicas, None)
+    }
+
+    /// [`RedisCluster::start`] with nodes that speak TLS only, to clients, to each other
+    /// (`tls-cluster`) and to their replicas (`tls-replication`).
+    pub fn start_tls(
+        primaries: usize,
+        replicas: usize,
+        tls: crate::ServerTls,
+    ) -> Result<RedisCluster, RedisClusterError> {
+        RedisCluster::start_with(primaries, replicas, Some(tls))
+    }
+
+    fn start_with(
+        primaries: usize,
+        replicas: usize,
+        tls: Option<crate::ServerTls>,
+    ) -> Result<RedisCluster, RedisClusterError> {
+        let cli_tls = match &tls {
+            Some(t) => vec![
+                "--tls".into(),
+                "--cacert".into(),
+                t.ca.clone().into_os_string(),
+                "--cert".into(),
+                t.cert.clone().into_os_string(),
+                "--key".into(),
+                t.key.clone().into_os_string(),
+            ],
+            None => Vec::new(),
+        };
         let options = RedisServerOptions {
             cluster_node_timeout_ms: Some(NODE_TIMEOUT_MS),
             temp_prefix: "forkbox-redis-cluster-".into(),
+            tls,
             ..RedisServerOptions::default()
         };
         let mut nodes = Vec::new();
@@ -90,7 +123,11 @@ impl RedisCluster {
         let cli = std::env::var_os("FORKBOX_REDIS_CLI")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-cli"));
-        let cluster = RedisCluster { nodes, cli };
+        let cluster = RedisCluster {
+            nodes,
+            cli,
+            cli_tls,
+        };
         cluster.create(replicas)?;
         cluster.wait_until(
             "cluster_state:ok with every slot served",
@@ -171,7 +208,7 @@ impl RedisCluster {
 
     fn create(&self, replicas: usize) -> Result<(), RedisClusterError> {
         let mut cmd = Command::new(&self.cli);
-        cmd.args(["--cluster", "create"]);
+        cmd.args(&self.cli_tls).args(["--cluster", "create"]);
         for n in &self.nodes {
             cmd.arg(format!("127.0.0.1:{}", n.port()));
         }
@@ -262,7 +299,8 @@ impl RedisCluster {
 
     fn cli_query(&self, port: u16, args: &[&str]) -> Option<String> {
         let mut cmd = Command::new(&self.cli);
-        cmd.args(["-h", "127.0.0.1", "-p"])
+        cmd.args(&self.cli_tls)
+            .args(["-h", "127.0.0.1", "-p"])
             .arg(port.to_string())
             .args(args)
             .stdin(Stdio::null());

@@ -84,6 +84,21 @@ pub struct RedisServerOptions {
     /// Require this password (`requirepass`), so that other local users, who can reach any
     /// loopback port, can neither read nor write the data. [`random_password`] makes one.
     pub password: Option<String>,
+    /// Speak TLS only (`--port 0 --tls-port`), with these certificates.
+    pub tls: Option<ServerTls>,
+    /// More `redis-server` arguments (`--user ...`).
+    pub extra_args: Vec<String>,
+}
+
+/// The TLS side of a server that speaks nothing else.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA that client certificates must be signed by.
+    pub ca: PathBuf,
+    /// Refuse clients without a certificate signed by `ca` (mutual TLS).
+    pub require_client_cert: bool,
 }
 
 /// A password of 64 hex digits (256 random bits minus the UUID version bits), safe to put in a
@@ -111,6 +126,8 @@ impl Default for RedisServerOptions {
             port: None,
             cluster_node_timeout_ms: None,
             password: None,
+            tls: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -208,7 +225,8 @@ impl RedisServer {
         Err(last_err.expect("at least one attempt was made"))
     }
 
-    /// `redis://127.0.0.1:<port>/`, with the password when the server has one.
+    /// `redis://127.0.0.1:<port>/` (`rediss://` for a TLS server), with the password when the
+    /// server has one.
     pub fn url(&self) -> String {
         self.url_via(Ipv4Addr::LOCALHOST.into())
     }
@@ -219,8 +237,13 @@ impl RedisServer {
             Some(p) => format!(":{p}@"),
             None => String::new(),
         };
+        let scheme = if self.options.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!(
-            "redis://{auth}{}/",
+            "{scheme}://{auth}{}/",
             std::net::SocketAddr::new(addr, self.port)
         )
     }
@@ -283,9 +306,27 @@ impl RedisServer {
         } else {
             "no"
         };
-        cmd.arg("--port")
-            .arg(self.port.to_string())
-            .arg("--bind")
+        match &self.options.tls {
+            Some(tls) => {
+                cmd.args(["--port", "0", "--tls-port"])
+                    .arg(self.port.to_string())
+                    .arg("--tls-cert-file")
+                    .arg(&tls.cert)
+                    .arg("--tls-key-file")
+                    .arg(&tls.key)
+                    .arg("--tls-ca-cert-file")
+                    .arg(&tls.ca)
+                    .arg("--tls-auth-clients")
+                    .arg(if tls.require_client_cert { "yes" } else { "no" });
+                if self.options.cluster_node_timeout_ms.is_some() {
+                    cmd.args(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                }
+            }
+            None => {
+                cmd.arg("--port").arg(self.port.to_string());
+            }
+        }
+        cmd.arg("--bind")
             .arg(bind.join(" "))
             .arg("--dir")
             .arg(&self.dir)
@@ -306,6 +347,7 @@ impl RedisServer {
                 .arg("--cluster-node-timeout")
                 .arg(timeout.to_string());
         }
+        cmd.args(&self.options.extra_args);
         if self.options.unix_socket {
             cmd.arg("--unixsocket")
                 .arg(self.socket_path())
@@ -344,7 +386,7 @@ impl RedisServer {
                     });
                 }
             }
-            if ping(self.port, self.options.password.as_deref()) {
+            if ping(self.port, self.options.password.as_deref(), self.options.tls.is_some()) {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -392,12 +434,17 @@ fn free_port_besides(taken: u16) -> Result<u16, RedisServerError> {
 }
 
 /// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF), after
-/// `AUTH` with `password` when one is given.
-fn ping(port: u16, password: Option<&str>) -> bool {
+/// `AUTH` with `password` when one is given, or `-NOAUTH` (it wants a password it was given
+/// another way). A TLS server is ready once it accepts a connection: without persistence it
+/// has nothing to load.
+fn ping(port: u16, password: Option<&str>, tls: bool) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
         return false;
     };
+    if tls {
+        return true;
+    }
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
     let (request, replies) = match password {
         Some(p) => (format!("AUTH {p}\r\nPING\r\n"), 2),
@@ -418,7 +465,7 @@ fn ping(port: u16, password: Option<&str>) -> bool {
         .split(|&b| b == b'\n')
         .nth(replies - 1)
         .unwrap_or_default();
-    last.starts_with(b"+PONG")
+    last.starts_with(b"+PONG") || last.starts_with(b"-NOAUTH")
 }
 
 /// util-linux's `setpriv`, when it is in `PATH`.

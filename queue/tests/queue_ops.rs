@@ -556,10 +556,13 @@ async fn stats_heartbeats_and_dead_consumer_removal() {
 async fn the_broker_counts_every_request_it_sends() {
     let srv = RedisServer::start().unwrap();
     let trips = forkbox_queue::RoundTrips::default();
-    let broker =
-        Broker::connect_counted(&forkbox_queue::Endpoint::Single(srv.url()), trips.clone())
-            .await
-            .unwrap();
+    let broker = Broker::connect_counted(
+        &forkbox_queue::Endpoint::Single(srv.url()),
+        &Default::default(),
+        trips.clone(),
+    )
+    .await
+    .unwrap();
     let q = broker.queue("trips", QueueConfig::default()).unwrap();
     q.ensure_group().await.unwrap();
     let start = trips.get();

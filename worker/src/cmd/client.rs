@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use forkbox_queue::schema::DEFAULT_MAX_JOB_BYTES;
 use forkbox_queue::{
     parse_payload, Broker, DlqSelection, Endpoint, Job, JobResult, JobState, Partitioned,
-    QueueConfig,
+    QueueConfig, RedisTls,
 };
 
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ use clap::{Args, Subcommand};
 use forkbox::node::config::redact;
 use forkbox::node::config::{self, check_redis_url};
 
-use super::opts::JobArgs;
+use super::opts::{JobArgs, RedisTlsOpts};
 use super::run::print_outcome;
 use super::terminal::{for_stderr, for_stdout};
 
@@ -38,9 +38,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// `--redis`, `--cluster` and `--queue` of the client commands.
 #[derive(Debug, Clone, Args)]
 pub struct ClientOpts {
-    /// Redis URL (with --cluster: one or more comma-separated seed URLs of a Redis Cluster).
+    /// Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... for TLS (see
+    /// --redis-ca), redis+unix:///PATH; %-encode @ : / # ? % in a password (with --cluster:
+    /// one or more comma-separated seed URLs of a Redis Cluster).
     #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
     pub redis: String,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsOpts,
     /// --redis names a Redis Cluster's seed nodes.
     #[arg(long, env = "FORKBOX_CLUSTER")]
     pub cluster: bool,
@@ -154,9 +158,13 @@ pub struct BatchWaitArgs {
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
-    /// Redis URL (with --cluster: one or more comma-separated seed URLs of a Redis Cluster).
+    /// Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... for TLS (see
+    /// --redis-ca), redis+unix:///PATH; %-encode @ : / # ? % in a password (with --cluster:
+    /// one or more comma-separated seed URLs of a Redis Cluster).
     #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
     pub redis: String,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsOpts,
     /// --redis names a Redis Cluster's seed nodes.
     #[arg(long, env = "FORKBOX_CLUSTER")]
     pub cluster: bool,
@@ -235,53 +243,70 @@ pub struct CancelArgs {
     pub lifetime: u64,
 }
 
-/// Connects to Redis at `url`, failing fast with "cannot reach Redis at URL: ...".
-pub async fn connect(url: &str) -> anyhow::Result<Broker> {
-    let shown = redact(url);
-    check_redis_url(url).map_err(anyhow::Error::msg)?;
-    let client = forkbox_queue::redis::Client::open(url)
-        .with_context(|| format!("invalid Redis URL {shown}"))?;
-    // A plain connection first, so that a failure is reported under the redacted URL (the
-    // broker's own error names the URL as given).
-    let probe = async {
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        forkbox_queue::redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-    };
-    match tokio::time::timeout(CONNECT_TIMEOUT, probe).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => bail!("cannot reach Redis at {shown}: {e}"),
-        Err(_) => bail!(
-            "cannot reach Redis at {shown}: no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ),
-    }
-    Broker::connect(url)
-        .await
-        .with_context(|| format!("cannot reach Redis at {shown}"))
+/// Connects to Redis at `url` (TLS settings `tls` for `rediss://`), failing fast with a
+/// message that says what went wrong: "cannot reach Redis at URL", "authentication failed",
+/// or the TLS handshake.
+pub async fn connect(url: &str, tls: &RedisTls) -> anyhow::Result<Broker> {
+    connect_to(url, false, tls).await
 }
 
 /// Connects to `redis`: one URL, or with `cluster` the seed URLs of a Redis Cluster, failing
-/// fast with a message that names them.
-pub async fn connect_to(redis: &str, cluster: bool) -> anyhow::Result<Broker> {
+/// fast with a message that names them (without their passwords) and what went wrong. A
+/// `PING` follows the connection, so that a Redis that wants a password says so here
+/// (`NOAUTH`) rather than at the first command.
+pub async fn connect_to(redis: &str, cluster: bool, tls: &RedisTls) -> anyhow::Result<Broker> {
     let endpoint = Endpoint::parse(redis, cluster)?;
-    if !cluster {
-        return connect(redis).await;
+    let urls = match &endpoint {
+        Endpoint::Single(url) => std::slice::from_ref(url),
+        Endpoint::Cluster(seeds) => seeds.as_slice(),
+    };
+    for url in urls {
+        check_redis_url(url, tls).map_err(anyhow::Error::msg)?;
     }
-    match tokio::time::timeout(CONNECT_TIMEOUT, Broker::connect_to(&endpoint)).await {
-        Ok(r) => Ok(r?),
+    let attempt = async {
+        let broker = Broker::connect_to_with(&endpoint, tls).await?;
+        forkbox_queue::redis::cmd("PING")
+            .query_async::<String>(&mut broker.connection())
+            .await
+            .map_err(|source| forkbox_queue::QueueError::Connect {
+                url: endpoint.to_string(),
+                source,
+            })?;
+        Ok::<_, forkbox_queue::QueueError>(broker)
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+        Ok(Ok(broker)) => Ok(broker),
+        Ok(Err(e)) => Err(connect_failure(&endpoint, e)),
         Err(_) => bail!(
-            "cannot reach the Redis Cluster through {endpoint}: no answer within {} s",
+            "cannot reach Redis at {endpoint}: no answer within {} s",
             CONNECT_TIMEOUT.as_secs()
         ),
+    }
+}
+
+/// What a failed connection means, in words: a refused password or certificate is not an
+/// unreachable Redis.
+fn connect_failure(endpoint: &Endpoint, e: forkbox_queue::QueueError) -> anyhow::Error {
+    use forkbox_queue::connect::{is_auth_error, is_tls_error};
+    match e.redis_error() {
+        Some(r) if is_auth_error(r) => anyhow::anyhow!(
+            "authentication failed at {endpoint}: {r} (check the user and password in the URL, \
+             redis://USER:PASSWORD@HOST:PORT, with @ : / # ? % in them %-encoded)"
+        ),
+        Some(r) if is_tls_error(r) => anyhow::anyhow!(
+            "TLS handshake with {endpoint} failed: {r} (does --redis-ca name the CA that signed \
+             the server's certificate? does the server want a client certificate, \
+             --redis-cert and --redis-key?)"
+        ),
+        Some(_) => anyhow::Error::new(e).context(format!("cannot reach Redis at {endpoint}")),
+        None => e.into(),
     }
 }
 
 /// Opens the queue for a command that adds jobs: its partition count is recorded if the queue
 /// has none yet, and must match the one recorded otherwise.
 async fn open(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
-    let broker = connect_to(&opts.redis, opts.cluster).await?;
+    let broker = connect_to(&opts.redis, opts.cluster, &opts.redis_tls.tls()).await?;
     Ok(broker
         .open_partitioned(&opts.queue, opts.partitions, QueueConfig::default())
         .await?)
@@ -290,7 +315,7 @@ async fn open(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
 /// Opens the queue for a command that only reads or acts on what is there: the partition
 /// count is checked against the recorded one, never recorded.
 async fn open_existing(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
-    let broker = connect_to(&opts.redis, opts.cluster).await?;
+    let broker = connect_to(&opts.redis, opts.cluster, &opts.redis_tls.tls()).await?;
     let q = broker.partitioned(&opts.queue, opts.partitions, QueueConfig::default())?;
     q.verify_layout().await?;
     Ok(q)
@@ -686,7 +711,7 @@ pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
-    let broker = connect_to(&args.redis, args.cluster).await?;
+    let broker = connect_to(&args.redis, args.cluster, &args.redis_tls.tls()).await?;
     let mut out = Vec::new();
     for name in &args.queues {
         let q = broker.partitioned(name, args.partitions, QueueConfig::default())?;

@@ -417,3 +417,47 @@ mod tests {
         assert_eq!(python_settings(Some(&["none".to_owned()])), None);
     }
 }
+
+/// The TLS settings of a `rediss://` Redis URL, shared by every command that takes `--redis`.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+pub struct RedisTlsOpts {
+    /// PEM file of the CAs that sign Redis' certificate (rediss:// only) [default: the
+    /// system's roots].
+    #[arg(long, env = "FORKBOX_REDIS_CA", value_name = "FILE")]
+    pub redis_ca: Option<PathBuf>,
+    /// PEM file of a client certificate for Redis (mutual TLS; with --redis-key).
+    #[arg(
+        long,
+        env = "FORKBOX_REDIS_CERT",
+        value_name = "FILE",
+        requires = "redis_key"
+    )]
+    pub redis_cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key (with --redis-cert).
+    #[arg(
+        long,
+        env = "FORKBOX_REDIS_KEY",
+        value_name = "FILE",
+        requires = "redis_cert"
+    )]
+    pub redis_key: Option<PathBuf>,
+}
+
+impl RedisTlsOpts {
+    /// These settings where given, else `file`'s.
+    pub fn over(self, file: RedisTlsOpts) -> RedisTlsOpts {
+        RedisTlsOpts {
+            redis_ca: self.redis_ca.or(file.redis_ca),
+            redis_cert: self.redis_cert.or(file.redis_cert),
+            redis_key: self.redis_key.or(file.redis_key),
+        }
+    }
+
+    pub fn tls(&self) -> forkbox_queue::RedisTls {
+        forkbox_queue::RedisTls {
+            ca: self.redis_ca.clone(),
+            cert: self.redis_cert.clone(),
+            key: self.redis_key.clone(),
+        }
+    }
+}

@@ -17,7 +17,7 @@ use clap::Args;
 use forkbox::node::config::{self, NodeConfig};
 use serde::Deserialize;
 
-use super::opts::{QueueList, SandboxOpts};
+use super::opts::{QueueList, RedisTlsOpts, SandboxOpts};
 
 /// Why the `--config` file could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -36,9 +36,14 @@ pub enum SettingsError {
 #[derive(Debug, Clone, Default, Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSettings {
-    /// Redis URL (redis://host:port/db, rediss://, redis+unix:///path) [default: redis://127.0.0.1:6379].
+    /// Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... for TLS (see
+    /// --redis-ca), redis+unix:///PATH; %-encode @ : / # ? % in a password
+    /// [default: redis://127.0.0.1:6379].
     #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL")]
     pub redis: Option<String>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub redis_tls: RedisTlsOpts,
     /// --redis names a Redis Cluster: one or more comma-separated seed URLs
     /// (redis://h1:7000,redis://h2:7000).
     #[arg(long, env = "FORKBOX_CLUSTER")]
@@ -155,6 +160,7 @@ impl WorkerSettings {
         // Taken apart in full, so that a new setting cannot be left out of the merge.
         let WorkerSettings {
             redis,
+            redis_tls,
             cluster,
             queues,
             partitions,
@@ -178,6 +184,7 @@ impl WorkerSettings {
         } = file;
         WorkerSettings {
             redis: self.redis.or(redis),
+            redis_tls: self.redis_tls.over(redis_tls),
             cluster: self.cluster || cluster,
             queues: self.queues.or(queues),
             partitions: self.partitions.or(partitions),
@@ -208,6 +215,7 @@ impl WorkerSettings {
             .clone()
             .unwrap_or_else(|| config::DEFAULT_REDIS_URL.to_owned());
         let mut c = NodeConfig::new(redis);
+        c.redis_tls = self.redis_tls.tls();
         c.cluster = self.cluster;
         if let Some(q) = self.queues.clone() {
             c.queues = q.into_vec();
@@ -325,6 +333,43 @@ mod tests {
         std::fs::write(&path, toml).unwrap();
         let path = path.to_str().unwrap().to_owned();
         (dir, path)
+    }
+
+    #[test]
+    fn the_redis_tls_settings_come_from_flags_and_the_file() {
+        let (_dir, path) = config_file(
+            "redis = \"rediss://r:1/\"\nredis_ca = \"/file/ca.pem\"\nredis_cert = \"/file/c.pem\"\n\
+             redis_key = \"/file/c.key\"\n",
+        );
+        let c = worker_args(&["--config", &path, "--redis-ca", "/flag/ca.pem"])
+            .with_file()
+            .unwrap();
+        assert_eq!(
+            c.redis_tls.tls(),
+            forkbox_queue::RedisTls {
+                ca: Some("/flag/ca.pem".into()),
+                cert: Some("/file/c.pem".into()),
+                key: Some("/file/c.key".into()),
+            }
+        );
+        assert!(WorkerSettings::parse("redis_cafile = \"x\"").is_err());
+        // The files are read at start, so a missing one is named before any job.
+        let e = worker_args(&[
+            "--redis",
+            "rediss://r:1/",
+            "--redis-ca",
+            "/nonexistent/ca.pem",
+        ])
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--redis-ca /nonexistent/ca.pem"), "{e}");
+        // TLS settings with a plain URL are refused, not ignored.
+        let e = worker_args(&["--redis", "redis://r:1/", "--redis-ca", "/ca.pem"])
+            .resolve()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not rediss://"), "{e}");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use forkbox::node::config::redact;
 use forkbox::node::config::{self, NodeConfig};
 use forkbox::node::{Node, StopHandle, StopLevel};
 
-use super::opts::{start_engine, SandboxOpts};
+use super::opts::{start_engine, RedisTlsOpts, SandboxOpts};
 use super::terminal::for_stdout;
 use super::{init_logging, runtime};
 
@@ -39,6 +39,8 @@ pub struct UpArgs {
     /// Use the Redis here when it answers; otherwise start a private one.
     #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
     pub redis: String,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsOpts,
     /// Always start a private redis-server (0700 temporary directory, free port, random
     /// password kept off every command line: its URL is written to a 0600 file).
     #[arg(long)]
@@ -69,8 +71,8 @@ pub struct UpArgs {
 }
 
 /// Whether something answers PING at `url` within a second.
-fn answers_ping(url: &str) -> bool {
-    let Ok(client) = forkbox_queue::redis::Client::open(url) else {
+fn answers_ping(url: &str, tls: &forkbox_queue::RedisTls) -> bool {
+    let Ok(client) = forkbox_queue::connect::redis_client(url, tls) else {
         return false;
     };
     let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_secs(1)) else {
@@ -90,7 +92,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
     );
     // Blocking set-up first: the private Redis and the engine (whose zygote must be started
     // before the runtime's threads exist).
-    let private = if args.own_redis || !answers_ping(&args.redis) {
+    let private = if args.own_redis || !answers_ping(&args.redis, &args.redis_tls.tls()) {
         if !args.own_redis {
             eprintln!(
                 "forkbox up: no Redis answers at {}; starting a private redis-server instead \
@@ -120,7 +122,13 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         .as_ref()
         .map(|(server, _)| server.url())
         .unwrap_or_else(|| args.redis.clone());
+    // A private server speaks plain TCP on loopback: the TLS settings are for --redis's.
+    let redis_tls = match private {
+        Some(_) => forkbox_queue::RedisTls::default(),
+        None => args.redis_tls.tls(),
+    };
     let mut config = NodeConfig::new(redis_url.clone());
+    config.redis_tls = redis_tls.clone();
     config.queues = vec![args.queue.clone()];
     if let Some(s) = args.slots {
         config.slots = s;
@@ -164,7 +172,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         if args.demo {
             let mut stop_rx = stop.subscribe();
             tokio::select! {
-                r = demo(&redis_url, &queue) => match r {
+                r = demo(&redis_url, &redis_tls, &queue) => match r {
                     Ok(c) => code = c,
                     Err(e) => {
                         eprintln!("forkbox up --demo: {e:#}");
@@ -349,8 +357,8 @@ pub fn demo_jobs() -> Vec<(&'static str, Job)> {
     jobs
 }
 
-async fn demo(url: &str, queue: &str) -> anyhow::Result<ExitCode> {
-    let q = super::client::connect(url)
+async fn demo(url: &str, tls: &forkbox_queue::RedisTls, queue: &str) -> anyhow::Result<ExitCode> {
+    let q = super::client::connect(url, tls)
         .await?
         .queue(queue, QueueConfig::default())?;
     let jobs = demo_jobs();

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use forkbox_queue::schema::{MAX_ATTEMPTS, MAX_RESULT_TTL_S};
-use forkbox_queue::{Endpoint, JobCeilings, QueueConfig};
+use forkbox_queue::{Endpoint, JobCeilings, QueueConfig, RedisTls};
 
 use crate::node::error::NodeError;
 
@@ -25,6 +25,8 @@ pub const DEFAULT_GRACE_S: f64 = 30.0;
 pub struct NodeConfig {
     /// One Redis URL, or with `cluster` the comma-separated seed URLs of a Redis Cluster.
     pub redis_url: String,
+    /// CA file and client certificate of a `rediss://` URL.
+    pub redis_tls: RedisTls,
     /// Whether `redis_url` names a Redis Cluster's seed nodes.
     pub cluster: bool,
     /// Queues in priority order, highest first.
@@ -64,6 +66,7 @@ impl NodeConfig {
     pub fn new(redis_url: impl Into<String>) -> NodeConfig {
         NodeConfig {
             redis_url: redis_url.into(),
+            redis_tls: RedisTls::default(),
             cluster: false,
             queues: vec![DEFAULT_QUEUE.to_owned()],
             partitions: 1,
@@ -100,7 +103,7 @@ impl NodeConfig {
             Err(e) => return bad("redis", &e.to_string()),
         };
         for url in &urls {
-            if let Err(message) = check_redis_url(url) {
+            if let Err(message) = check_redis_url(url, &self.redis_tls) {
                 return Err(NodeError::Setting {
                     setting: "redis",
                     message,
@@ -191,18 +194,16 @@ pub fn default_name() -> String {
 
 /// The URL without its password, for logs.
 pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
-    }
+    forkbox_queue::connect::without_password(url)
 }
 
 /// URL schemes the Redis client understands.
 const REDIS_SCHEMES: [&str; 4] = ["redis", "rediss", "redis+unix", "unix"];
 
-/// Refuses a Redis URL the client cannot use, saying why in words (the client library's own
-/// message for an `http://` URL is "did not parse- InvalidClientConfig").
-pub fn check_redis_url(url: &str) -> Result<(), String> {
+/// Refuses a Redis URL the client cannot use with the TLS settings `tls`, saying why in words
+/// (the client library's own message for an `http://` URL is "did not parse-
+/// InvalidClientConfig").
+pub fn check_redis_url(url: &str, tls: &RedisTls) -> Result<(), String> {
     let shown = redact(url);
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(format!(
@@ -219,9 +220,9 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
     if rest.is_empty() {
         return Err(format!("{shown}: names no host or socket"));
     }
-    forkbox_queue::redis::Client::open(url)
+    forkbox_queue::connect::redis_client(url, tls)
         .map(drop)
-        .map_err(|e| format!("{shown} is not a valid Redis URL ({e})"))
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

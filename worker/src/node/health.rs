@@ -30,7 +30,9 @@ impl RedisHealth {
         let mut since = self.failing_since.lock().expect("health lock");
         if since.is_none() {
             *since = Some(Instant::now());
-            if err.is_connection() {
+            if let Some(why) = refusal(err) {
+                tracing::error!("{why} while {what}: {err}; retrying with back-off");
+            } else if err.is_connection() {
                 tracing::warn!("Redis unreachable while {what}: {err}; retrying with back-off");
             } else {
                 tracing::error!("Redis call failed while {what}: {err}; retrying with back-off");
@@ -57,6 +59,26 @@ impl RedisHealth {
             .lock()
             .expect("health lock")
             .map(|t| t.elapsed())
+    }
+}
+
+/// What a failure says when Redis answered but refused this node (its password, its
+/// certificate, its ACL rights): no back-off fixes these, so they are named as such rather
+/// than as an unreachable Redis.
+fn refusal(err: &QueueError) -> Option<&'static str> {
+    use forkbox_queue::connect::{is_auth_error, is_permission_error, is_tls_error};
+    let e = err.redis_error()?;
+    if is_auth_error(e) {
+        Some(
+            "Redis authentication failed (check the user and password in --redis; @ : / # ? % \
+             in them must be %-encoded)",
+        )
+    } else if is_tls_error(e) {
+        Some("the TLS handshake with Redis failed (check --redis-ca, --redis-cert, --redis-key)")
+    } else if is_permission_error(e) {
+        Some("Redis refused a command or key to this node's ACL user (NOPERM)")
+    } else {
+        None
     }
 }
 

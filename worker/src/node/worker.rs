@@ -119,7 +119,15 @@ impl Node {
             setting: "redis",
             message: e.to_string(),
         })?;
-        let Some(broker) = connect(&endpoint, &self.trips, &health, &mut stop_rx).await else {
+        let Some(broker) = connect(
+            &endpoint,
+            &config.redis_tls,
+            &self.trips,
+            &health,
+            &mut stop_rx,
+        )
+        .await
+        else {
             return Ok(NodeReport::default());
         };
         let config = preflight::check_redis(&broker, config).await?;
@@ -276,6 +284,7 @@ impl Node {
 /// Connects, retrying with back-off until Redis answers or the node is told to stop.
 async fn connect(
     endpoint: &Endpoint,
+    tls: &forkbox_queue::RedisTls,
     trips: &RoundTrips,
     health: &RedisHealth,
     stop: &mut watch::Receiver<StopLevel>,
@@ -286,7 +295,7 @@ async fn connect(
             return None;
         }
         let attempt = tokio::select! {
-            r = Broker::connect_counted(endpoint, trips.clone()) => r,
+            r = Broker::connect_counted(endpoint, tls, trips.clone()) => r,
             _ = stop.wait_for(|l| *l >= StopLevel::Drain) => return None,
         };
         match attempt {

@@ -120,26 +120,66 @@ def _as_job(spec: JobSpec) -> Dict[str, Any]:
     return normalize_job(spec)
 
 
-def _connect(url: str, cluster: bool) -> Any:
+def _tls_options(url: str, ca: Optional[str], cert: Optional[str], key: Optional[str]) -> Dict[str, Any]:
+    """redis-py's TLS arguments for ``url``, as the ``forkbox`` commands read ``--redis-ca``,
+    ``--redis-cert`` and ``--redis-key``: the system's roots unless ``ca`` is given, a client
+    certificate when ``cert`` and ``key`` are, no verification with ``rediss://...#insecure``
+    (for tests only). TLS settings with a ``redis://`` URL are refused rather than ignored."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "rediss":
+        if ca or cert or key:
+            raise ValueError(
+                f"{_redacted(url)}: TLS settings (ssl_ca_certs, ssl_certfile, ssl_keyfile) are given but "
+                "the URL is not rediss://; use rediss://HOST:PORT for TLS, or drop the settings"
+            )
+        return {}
+    if bool(cert) != bool(key):
+        raise ValueError("a client certificate needs both ssl_certfile and ssl_keyfile")
+    options: Dict[str, Any] = {}
+    if parts.fragment == "insecure":
+        options.update(ssl_cert_reqs="none", ssl_check_hostname=False)
+    elif parts.fragment:
+        raise ValueError(f"{_redacted(url)}: only #insecure is understood after a rediss:// URL")
+    if ca:
+        options["ssl_ca_certs"] = ca
+    if cert:
+        options.update(ssl_certfile=cert, ssl_keyfile=key)
+    return options
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its user and password."""
+    scheme, sep, rest = url.partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
+def _connect(
+    url: str, cluster: bool, ca: Optional[str] = None, cert: Optional[str] = None, key: Optional[str] = None
+) -> Any:
     """A redis-py client for ``url``: one server, or with ``cluster`` a ``RedisCluster`` reached
-    through one or more comma-separated seed URLs (``redis://h1:7000,redis://h2:7000``)."""
+    through one or more comma-separated seed URLs (``redis://h1:7000,redis://h2:7000``), with
+    the TLS settings of :func:`_tls_options` for ``rediss://``."""
     if _redis is None:  # pragma: no cover
         raise ImportError("forkbox.Queue needs redis-py: pip install redis")
     seeds = [u.strip() for u in url.split(",")]
     if any(not u for u in seeds):
         raise ValueError(f"redis {url!r}: an empty URL in the list")
+    tls = [_tls_options(seed, ca, cert, key) for seed in seeds]
+    seeds = [seed.split("#", 1)[0] for seed in seeds]
     if not cluster:
         if len(seeds) > 1:
             raise ValueError(f"redis {url!r}: several URLs name a Redis Cluster's seed nodes; pass cluster=True")
-        return _redis.Redis.from_url(url)
+        return _redis.Redis.from_url(seeds[0], **tls[0])
     from redis.cluster import ClusterNode, RedisCluster
 
     nodes = []
-    auth: Dict[str, Any] = {}
+    auth: Dict[str, Any] = dict(tls[0])
     for seed in seeds:
         parts = urllib.parse.urlsplit(seed)
         if parts.scheme not in ("redis", "rediss") or not parts.hostname:
-            raise ValueError(f"cluster seed {seed!r}: expected redis://host:port")
+            raise ValueError(f"cluster seed {_redacted(seed)!r}: expected redis://host:port")
         nodes.append(ClusterNode(parts.hostname, parts.port or 6379))
         if parts.password and "password" not in auth:
             auth["password"] = urllib.parse.unquote(parts.password)
@@ -172,6 +212,12 @@ class Queue:
     ``block_s``
     bounds each blocking Redis call, so waits re-check for results whose wake-up another client
     consumed, and stay interruptible.
+
+    A ``rediss://`` URL speaks TLS and verifies the server against the system's roots, or
+    against ``ssl_ca_certs`` (a PEM file; default ``$FORKBOX_REDIS_CA``); ``ssl_certfile`` and
+    ``ssl_keyfile`` (default ``$FORKBOX_REDIS_CERT`` and ``$FORKBOX_REDIS_KEY``) add a client
+    certificate. ``redis://USER:PASSWORD@HOST:PORT`` logs in as an ACL user; %-encode
+    ``@ : / # ? %`` in the password.
     """
 
     def __init__(
@@ -183,6 +229,9 @@ class Queue:
         max_job_bytes: int = DEFAULT_MAX_JOB_BYTES,
         cluster: bool = False,
         partitions: int = 1,
+        ssl_ca_certs: Optional[str] = None,
+        ssl_certfile: Optional[str] = None,
+        ssl_keyfile: Optional[str] = None,
     ) -> None:
         if redis is None:
             redis = redis_url_from_env()
@@ -198,7 +247,13 @@ class Queue:
         self.partitions = partitions
         self._layout_checked = False
         if isinstance(redis, str):
-            self.redis: Any = _connect(redis, cluster)
+            self.redis: Any = _connect(
+                redis,
+                cluster,
+                ssl_ca_certs or os.environ.get("FORKBOX_REDIS_CA") or None,
+                ssl_certfile or os.environ.get("FORKBOX_REDIS_CERT") or None,
+                ssl_keyfile or os.environ.get("FORKBOX_REDIS_KEY") or None,
+            )
         else:
             self.redis = redis
         #: Whether the client talks to a Redis Cluster (sharded pub/sub for cancellation).

@@ -170,7 +170,7 @@ async fn measure(
     ready_rx
         .await
         .context("the node stopped before it was ready")?;
-    let q = crate::cmd::client::connect(&server.url())
+    let q = crate::cmd::client::connect(&server.url(), &Default::default())
         .await?
         .queue("bench", QueueConfig::default())?;
     let mut admin = q.broker().connection();

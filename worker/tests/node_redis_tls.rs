@@ -1,0 +1,275 @@
+//! Redis as production runs it, end to end with real `forkbox` processes: a worker and the
+//! command line over `rediss://` with a CA file, with mutual TLS, refused with a wrong CA; and
+//! passwords and ACL users in the URL, a refused password reported as such.
+
+mod node_support;
+
+use std::process::{Command, Output, Stdio};
+
+use forkbox_queue::skip::skipped;
+use forkbox_queue::test_certs::TestCerts;
+use forkbox_queue::{RedisServer, RedisServerOptions, ServerTls};
+use node_support::*;
+
+fn forkbox(args: &[String]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running forkbox")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `forkbox ARGS` with the Redis options before any `--`.
+async fn cli(args: &[&str], redis: &[String]) -> Output {
+    let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let at = v.iter().position(|s| s == "--").unwrap_or(v.len());
+    v.splice(at..at, redis.iter().cloned());
+    tokio::task::spawn_blocking(move || forkbox(&v))
+        .await
+        .unwrap()
+}
+
+fn certs() -> Option<TestCerts> {
+    TestCerts::make()
+        .map_err(|e| skipped(format!("TLS tests: {e}")))
+        .ok()
+}
+
+fn tls_server(certs: &TestCerts, require_client_cert: bool) -> RedisServer {
+    RedisServer::start_with(RedisServerOptions {
+        tls: Some(ServerTls {
+            cert: certs.server_cert(),
+            key: certs.server_key(),
+            ca: certs.ca(),
+            require_client_cert,
+        }),
+        ..RedisServerOptions::default()
+    })
+    .expect("start a TLS redis-server")
+}
+
+fn path(p: std::path::PathBuf) -> String {
+    p.to_str().unwrap().to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn worker_and_submit_over_rediss_with_a_ca_file() {
+    let Some(certs) = certs() else { return };
+    let server = tls_server(&certs, false);
+    let url = server.url();
+    assert!(url.starts_with("rediss://"));
+    let ca = path(certs.ca());
+    let mut w = WorkerProc::start(
+        &url,
+        "tls-ca",
+        &["--redis-ca", &ca, "--queues", "tls", "--slots", "1"],
+    );
+    w.wait_ready();
+    let redis = vec![
+        "--redis".into(),
+        url.clone(),
+        "--redis-ca".into(),
+        ca.clone(),
+    ];
+    let out = cli(
+        &["submit", "-q", "tls", "--wait", "--", "echo", "over tls"],
+        &redis,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "over tls\n");
+    // The CA also comes from the environment, as a deployment's env file gives it.
+    let out = {
+        let url = url.clone();
+        let ca = ca.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new(BIN)
+                .args(["stats", "-q", "tls", "--json", "--redis", &url])
+                .env("FORKBOX_REDIS_CA", &ca)
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("tls-ca"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A wrong CA is refused, and the message says it is the TLS handshake, not Redis down.
+    let other = path(certs.other_ca());
+    let out = cli(
+        &["submit", "-q", "tls", "--", "true"],
+        &["--redis".into(), url.clone(), "--redis-ca".into(), other],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("TLS handshake") && err.contains("--redis-ca"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot reach Redis"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mutual_tls_worker_and_client() {
+    let Some(certs) = certs() else { return };
+    let server = tls_server(&certs, true);
+    let url = server.url();
+    let (ca, cert, key) = (
+        path(certs.ca()),
+        path(certs.client_cert()),
+        path(certs.client_key()),
+    );
+    let mut w = WorkerProc::start(
+        &url,
+        "tls-mutual",
+        &[
+            "--redis-ca",
+            &ca,
+            "--redis-cert",
+            &cert,
+            "--redis-key",
+            &key,
+            "--queues",
+            "mtls",
+            "--slots",
+            "1",
+        ],
+    );
+    w.wait_ready();
+    let mutual = vec![
+        "--redis".into(),
+        url.clone(),
+        "--redis-ca".into(),
+        ca.clone(),
+        "--redis-cert".into(),
+        cert,
+        "--redis-key".into(),
+        key,
+    ];
+    let out = cli(
+        &["submit", "-q", "mtls", "--wait", "--", "echo", "mutual"],
+        &mutual,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "mutual\n");
+    // Without a client certificate the server refuses the client.
+    let out = cli(
+        &["submit", "-q", "mtls", "--", "true"],
+        &["--redis".into(), url, "--redis-ca".into(), ca],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_with_a_wrong_ca_says_the_tls_handshake_failed() {
+    let Some(certs) = certs() else { return };
+    let server = tls_server(&certs, false);
+    let other = path(certs.other_ca());
+    let w = WorkerProc::start(&server.url(), "tls-wrong-ca", &["--redis-ca", &other]);
+    let log = poll(std::time::Duration::from_secs(30), "the TLS error", || {
+        let log = w.log();
+        async move {
+            log.contains("TLS handshake with Redis failed")
+                .then_some(log)
+        }
+    })
+    .await;
+    assert!(!log.contains("Redis unreachable"), "{log}");
+}
+
+/// A server whose only user is `app` with password `p@ss:w/rd` (every character a URL must
+/// %-encode), the default user off.
+fn password_server() -> RedisServer {
+    RedisServer::start_with(RedisServerOptions {
+        extra_args: [
+            "--user",
+            "default",
+            "off",
+            "--user",
+            "app",
+            "on",
+            ">p@ss:w/rd",
+            "~*",
+            "&*",
+            "+@all",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..RedisServerOptions::default()
+    })
+    .expect("redis-server with an ACL user")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn acl_user_and_password_in_the_url() {
+    let server = password_server();
+    let port = server.port();
+    let good = format!("redis://app:p%40ss%3Aw%2Frd@127.0.0.1:{port}/");
+    let mut w = WorkerProc::start(&good, "acl-user", &["--queues", "pw", "--slots", "1"]);
+    w.wait_ready();
+    let out = cli(
+        &["submit", "-q", "pw", "--wait", "--", "echo", "authed"],
+        &["--redis".into(), good.clone()],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "authed\n");
+    assert!(!w.log().contains("p%40ss"), "the log shows the password");
+
+    for (url, what) in [
+        (format!("redis://app:wrong@127.0.0.1:{port}/"), "WRONGPASS"),
+        (format!("redis://127.0.0.1:{port}/"), "NOAUTH"),
+    ] {
+        let out = cli(&["stats", "-q", "pw"], &["--redis".into(), url]).await;
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{what}: {err}");
+        assert!(err.contains("authentication failed"), "{what}: {err}");
+        assert!(!err.contains("cannot reach"), "{what}: {err}");
+        assert!(
+            !err.contains("wrong@"),
+            "{what}: the password is shown: {err}"
+        );
+    }
+    // An unencoded password that breaks the URL: the error says to %-encode it.
+    let out = cli(
+        &["stats", "-q", "pw"],
+        &[
+            "--redis".into(),
+            format!("redis://app:p@ss:w/rd@127.0.0.1:{port}/"),
+        ],
+    )
+    .await;
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{err}");
+    assert!(err.contains("%-encoded"), "{err}");
+    assert!(!err.contains("w/rd"), "the password is shown: {err}");
+
+    // A worker given a wrong password says so in its log.
+    let bad = WorkerProc::start(
+        &format!("redis://app:wrong@127.0.0.1:{port}/"),
+        "acl-wrong",
+        &["--queues", "pw"],
+    );
+    let log = poll(std::time::Duration::from_secs(30), "the auth error", || {
+        let log = bad.log();
+        async move { log.contains("Redis authentication failed").then_some(log) }
+    })
+    .await;
+    assert!(!log.contains("Redis unreachable"), "{log}");
+    assert!(
+        !log.contains(":wrong@"),
+        "the log shows the password: {log}"
+    );
+}
