@@ -270,6 +270,11 @@ pub struct JobArgs {
     /// Cap on stdout and on stderr, each, in bytes [default: 1048576].
     #[arg(long)]
     pub output_bytes: Option<u64>,
+    /// What the output cap does: `kill` the job (status output_limit) [default], or
+    /// `truncate` its output and let it run to its own end (its exit code decides the status;
+    /// stdout_truncated and stderr_truncated say what was cut).
+    #[arg(long, value_name = "MODE")]
+    pub output_mode: Option<forkbox_queue::OutputMode>,
     /// Disk for all the job writes: /tmp, the working directory and /dev/shm together, in MiB
     /// [default: 64].
     #[arg(long)]
@@ -314,6 +319,7 @@ impl JobArgs {
         job.timeout_ms = self.timeout_ms;
         job.cwd = self.cwd.clone();
         job.runtime = self.runtime;
+        job.output_mode = self.output_mode;
         job.limits = Limits {
             memory_mb: self.memory_mb,
             pids: self.pids,
