@@ -74,8 +74,8 @@ pub use redis_server::{
     random_password, RedisServer, RedisServerError, RedisServerOptions, ServerTls,
 };
 pub use schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, Runtime,
-    RuntimeUse, Status,
+    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, OutputMode,
+    Runtime, RuntimeUse, Status,
 };
 
 /// Re-exported so users name the same redis-rs version as this crate.

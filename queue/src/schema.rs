@@ -70,6 +70,11 @@ pub struct Job {
     /// Wall-clock limit, measured from the program's exec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// What the output cap (`limits.output_bytes`) does to a job that writes past it: `kill`
+    /// it (the default: it bounds the node's work), or `truncate` its output and let it run
+    /// on, so its own exit decides its status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_mode: Option<OutputMode>,
     #[serde(default, skip_serializing_if = "Limits::is_empty")]
     pub limits: Limits,
     /// Globs (relative to `/work`) of files returned with the result.
@@ -121,6 +126,38 @@ impl std::str::FromStr for Runtime {
         match s {
             "python" => Ok(Runtime::Python),
             other => Err(format!("unknown runtime {other:?} (known: python)")),
+        }
+    }
+}
+
+/// What the output cap does to a job that writes past it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputMode {
+    /// Kill the job (status `output_limit`).
+    #[default]
+    Kill,
+    /// Keep the first `output_bytes` of each stream, discard the rest, and let the job run to
+    /// its own end (its `*_truncated` flags say what was cut).
+    Truncate,
+}
+
+impl OutputMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputMode::Kill => "kill",
+            OutputMode::Truncate => "truncate",
+        }
+    }
+}
+
+impl std::str::FromStr for OutputMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<OutputMode, String> {
+        match s {
+            "kill" => Ok(OutputMode::Kill),
+            "truncate" => Ok(OutputMode::Truncate),
+            other => Err(format!("unknown output mode {other:?} (kill or truncate)")),
         }
     }
 }

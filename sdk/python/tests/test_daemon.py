@@ -112,6 +112,16 @@ def test_output_truncation(daemon: Daemon) -> None:
     assert res.status in ("ok", "output_limit"), res
 
 
+def test_output_mode_truncate_keeps_the_exit_code(daemon: Daemon) -> None:
+    flood = "head -c 200000 /dev/zero >&2; echo 42; exit 3"
+    r = Forkbox.run(flood, output_bytes=1000, output_mode="truncate")
+    assert (r.status, r.exit_code, r.stdout) == ("failed", 3, "42\n"), r
+    assert r.stderr_truncated and not r.stdout_truncated and len(r.stderr) == 1000
+    assert Forkbox.run(flood, output_bytes=1000).status == "output_limit"
+    with pytest.raises(JobRejected, match="output_mode"):
+        Forkbox.run("true", output_mode="cut")
+
+
 def test_streaming_output(daemon: Daemon) -> None:
     chunks: List[Tuple[str, str]] = []
     res = Forkbox.run(

@@ -129,7 +129,7 @@ pub fn main(cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
     let slots = cmd.slots.unwrap_or_else(forkbox::sandbox::default_slots);
     // The engine first: its zygote must be exec'd before the runtime starts threads.
     let engine =
-        Engine::start(cmd.sandbox.engine_config(slots)).context("starting the sandbox engine")?;
+        Engine::start(cmd.sandbox.engine_config(slots)).map_err(|e| cmd.sandbox.start_failed(e))?;
     super::log_python_runtime(&engine);
     let listener = bind(&path, gid)?;
     let rt = super::runtime()?;

@@ -1,7 +1,7 @@
 //! Options shared by several commands: what builds an engine (`SandboxOpts`, with the job
 //! maximums) and what describes a job (`JobArgs`, for `run` and `submit`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
@@ -21,10 +21,11 @@ pub struct SandboxOpts {
     #[arg(long, value_name = "DIR")]
     #[serde(skip)]
     pub rootfs: Option<PathBuf>,
-    /// Host directories exposed read-only (bind mounts), comma-separated: absolute paths of
-    /// existing directories (or symlinks, recreated as such), never `/` itself nor anything
-    /// under `/proc`, `/dev`, `/tmp` or the working directory, which every sandbox mounts
-    /// its own over.
+    /// More host directories exposed read-only (bind mounts), comma-separated, on top of the
+    /// default allowlist (/usr, /bin, /sbin, /lib*, /etc): absolute paths of existing
+    /// directories (or symlinks, recreated as such), never `/` itself nor anything under
+    /// `/proc`, `/dev`, `/tmp` or the working directory, which every sandbox mounts its own
+    /// over. `--allow-only` replaces the default allowlist instead.
     #[arg(
         long,
         value_name = "DIRS",
@@ -34,6 +35,17 @@ pub struct SandboxOpts {
     )]
     #[serde(skip)]
     pub allow: Option<Vec<PathBuf>>,
+    /// The only host directories exposed read-only, instead of the default allowlist (so no
+    /// /bin/sh unless listed); the same entries as `--allow`.
+    #[arg(
+        long,
+        value_name = "DIRS",
+        value_delimiter = ',',
+        value_parser = allow_entry,
+        conflicts_with_all = ["rootfs", "allow"]
+    )]
+    #[serde(skip)]
+    pub allow_only: Option<Vec<PathBuf>>,
     /// Share one network namespace between sandboxes instead of one each.
     #[arg(long)]
     #[serde(skip)]
@@ -80,6 +92,7 @@ impl SandboxOpts {
         let SandboxOpts {
             rootfs: _,
             allow: _,
+            allow_only: _,
             shared_net: _,
             python_preload,
             max_timeout_ms,
@@ -137,11 +150,71 @@ impl SandboxOpts {
         self.apply_ceilings(&mut cfg);
         if let Some(dir) = &self.rootfs {
             cfg.root = RootSource::Image(dir.clone());
-        } else if let Some(dirs) = &self.allow {
+        } else if let Some(dirs) = &self.allow_only {
             cfg.root = RootSource::Allowlist(dirs.clone());
+        } else if let Some(extra) = &self.allow {
+            let mut dirs: Vec<PathBuf> = sandbox::DEFAULT_ALLOWLIST
+                .iter()
+                .map(PathBuf::from)
+                .collect();
+            for dir in extra {
+                if !dirs.contains(dir) {
+                    dirs.push(dir.clone());
+                }
+            }
+            cfg.root = RootSource::Allowlist(dirs);
         }
         cfg
     }
+}
+
+impl SandboxOpts {
+    /// The error of an engine that did not start, with the reason when mode bits on the way
+    /// to an exposed directory keep the sandboxes out (the kernel's EACCES alone does not say
+    /// that a node started as root runs its sandboxes as another host uid).
+    pub fn start_failed(&self, e: sandbox::EngineError) -> anyhow::Error {
+        let e = anyhow::Error::from(e).context("starting the sandbox engine");
+        if !nix::unistd::geteuid().is_root() {
+            return e;
+        }
+        let id = sandbox::DEFAULT_ROOT_MAPPED_ID;
+        let dirs = self.allow_only.iter().chain(&self.allow).flatten();
+        match dirs.filter_map(|d| unsearchable_above(d, id, id)).next() {
+            Some(why) => e.context(why),
+            None => e,
+        }
+    }
+}
+
+/// Why host uid `uid` (group `gid`) cannot reach `dir`: the first directory above it whose
+/// mode bits deny it search, and what to do about it. ACLs are not read: this only explains a
+/// refusal, it never refuses.
+fn unsearchable_above(dir: &Path, uid: u32, gid: u32) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let blocked = dir.ancestors().skip(1).find(|above| {
+        std::fs::metadata(above).is_ok_and(|m| {
+            let bit = if m.uid() == uid {
+                0o100
+            } else if m.gid() == gid {
+                0o010
+            } else {
+                0o001
+            };
+            m.mode() & bit == 0
+        })
+    })?;
+    let m = std::fs::metadata(blocked).ok()?;
+    let (dir, above) = (dir.display(), blocked.display());
+    Some(format!(
+        "{dir} cannot be exposed: a node started as root runs its sandboxes as host uid {uid} \
+         (host root is never mapped into a sandbox), and {above} (mode {:04o}, owner uid {}) \
+         does not let that uid search it. Put the directory outside {above} (for a toolchain, \
+         e.g. RUSTUP_HOME=/opt/rustup CARGO_HOME=/opt/cargo, or PYENV_ROOT=/opt/pyenv), or \
+         bind-mount it elsewhere (mount --bind {dir} /opt/NAME) and --allow that, or let others \
+         search {above} (chmod o+x {above})",
+        m.mode() & 0o7777,
+        m.uid()
+    ))
 }
 
 /// One `--allow` entry, refused with the reason unless it is an absolute path below `/`
@@ -270,6 +343,11 @@ pub struct JobArgs {
     /// Cap on stdout and on stderr, each, in bytes [default: 1048576].
     #[arg(long)]
     pub output_bytes: Option<u64>,
+    /// What the output cap does: `kill` the job (status output_limit) [default], or
+    /// `truncate` its output and let it run to its own end (its exit code decides the status;
+    /// stdout_truncated and stderr_truncated say what was cut).
+    #[arg(long, value_name = "MODE")]
+    pub output_mode: Option<forkbox_queue::OutputMode>,
     /// Disk for all the job writes: /tmp, the working directory and /dev/shm together, in MiB
     /// [default: 64].
     #[arg(long)]
@@ -314,6 +392,7 @@ impl JobArgs {
         job.timeout_ms = self.timeout_ms;
         job.cwd = self.cwd.clone();
         job.runtime = self.runtime;
+        job.output_mode = self.output_mode;
         job.limits = Limits {
             memory_mb: self.memory_mb,
             pids: self.pids,
@@ -357,7 +436,7 @@ impl JobArgs {
 
 /// An engine with `slots` slots built from `opts`.
 pub fn start_engine(slots: usize, opts: &SandboxOpts) -> anyhow::Result<Engine> {
-    Engine::start(opts.engine_config(slots)).context("starting the sandbox engine")
+    Engine::start(opts.engine_config(slots)).map_err(|e| opts.start_failed(e))
 }
 
 #[cfg(test)]

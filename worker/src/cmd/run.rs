@@ -46,7 +46,7 @@ pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
         config.python = None;
         Engine::start(config)
     }
-    .context("starting the sandbox engine")?;
+    .map_err(|e| cmd.sandbox.start_failed(e))?;
     let outcome = runtime()?.block_on(engine.run(&job));
     if let Some(dir) = &cmd.out {
         save_files(dir, &outcome)?;

@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
 use forkbox::node::{Node, StopHandle};
 
 use super::settings::WorkerSettings;
@@ -15,7 +14,8 @@ pub fn main(args: WorkerSettings) -> anyhow::Result<ExitCode> {
     let mut engine = settings.sandbox.engine_config(config.slots);
     engine.ceilings = config.ceilings;
     engine.collect_max_bytes = config.collect_max_bytes;
-    let engine = forkbox::sandbox::Engine::start(engine).context("starting the sandbox engine")?;
+    let engine =
+        forkbox::sandbox::Engine::start(engine).map_err(|e| settings.sandbox.start_failed(e))?;
     super::log_python_runtime(&engine);
     let grace = config.grace;
     let node = Node::new(config, engine);

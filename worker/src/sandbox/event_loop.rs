@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use forkbox_queue::schema::EffectiveLimits;
+use forkbox_queue::schema::{EffectiveLimits, OutputMode};
 use tokio::sync::mpsc;
 
 use super::cgroup;
@@ -51,6 +51,7 @@ impl Engine {
         &self,
         run: RunEvents<'_, R, C>,
         limits: &EffectiveLimits,
+        output_mode: OutputMode,
         cancel: impl Future<Output = ()>,
     ) -> Result<Watched, String>
     where
@@ -114,7 +115,8 @@ impl Engine {
                     cpu_at_report_us = cgroup.as_ref().and_then(|cg| cg.cpu_usage_us());
                 }
                 out = &mut capture, if captured.is_none() => captured = Some(out),
-                Some(()) = over_rx.recv(), if !kills.output => {
+                // Truncated output goes on being read and discarded until the job ends.
+                Some(()) = over_rx.recv(), if !kills.output && output_mode == OutputMode::Kill => {
                     kills.output = true;
                     self.send(ToZygote::Kill { req });
                 }

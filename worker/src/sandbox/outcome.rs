@@ -8,7 +8,9 @@
 //! budget, a signal, the exit code; on top, out-of-memory evidence without a kill) > no report
 //! (`error`).
 
-use forkbox_queue::schema::{Outcome, RuntimeUse, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT};
+use forkbox_queue::schema::{
+    Outcome, OutputMode, RuntimeUse, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT,
+};
 
 use super::cgroup::Accounting;
 use super::limits::{self, MemoryEnforcement};
@@ -63,6 +65,8 @@ pub(super) struct Terms {
     pub memory_mb: u64,
     pub memory: MemoryEnforcement,
     pub runtime: Option<RuntimeUse>,
+    /// Whether output past the cap ends the job (`kill`) or is only cut (`truncate`).
+    pub output_mode: OutputMode,
 }
 
 /// The `error` of a job the kernel's OOM killer took while it was under its own memory limit.
@@ -150,7 +154,9 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         outcome.exit_code = EXIT_TIMEOUT;
     } else if kills.cancelled {
         killed_by(&mut outcome, Status::Cancelled);
-    } else if kills.output || stdout.truncated || stderr.truncated {
+    } else if terms.output_mode == OutputMode::Kill
+        && (kills.output || stdout.truncated || stderr.truncated)
+    {
         // Past the cap the sandbox is killed (its pipes stay open until then); whichever of
         // the kill and our noticing came first, the job ended because of its output.
         killed_by(&mut outcome, Status::OutputLimit);
@@ -260,6 +266,32 @@ mod tests {
             memory_mb: 64,
             memory: MemoryEnforcement::Cgroup,
             runtime: None,
+            output_mode: OutputMode::Kill,
+        }
+    }
+
+    /// With `output_mode: truncate` the cap only cuts: the program's own ending decides the
+    /// status, and the flags say which stream was cut.
+    #[test]
+    fn truncated_output_keeps_the_programs_ending() {
+        let cut = Captured {
+            bytes: b"x".to_vec(),
+            truncated: true,
+        };
+        let truncate = Terms {
+            output_mode: OutputMode::Truncate,
+            ..terms()
+        };
+        for (code, status) in [(0, Status::Ok), (3, Status::Failed)] {
+            let seen = Observed {
+                report: Some(report(Some(code), None)),
+                stderr: cut.clone(),
+                ..Observed::default()
+            };
+            let o = fold(seen.clone(), truncate.clone());
+            assert_eq!((o.status, o.exit_code, o.signal), (status, code, None));
+            assert!(o.stderr_truncated && !o.stdout_truncated);
+            assert_eq!(fold(seen, terms()).status, Status::OutputLimit);
         }
     }
 

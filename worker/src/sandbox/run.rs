@@ -220,6 +220,7 @@ impl Engine {
                     capture: capture.as_mut(),
                 },
                 &limits,
+                job.output_mode.unwrap_or_default(),
                 cancel,
             )
             .await?;
@@ -248,6 +249,7 @@ impl Engine {
             memory_mb: limits.memory_mb,
             memory: payload.memory,
             runtime: runtime_use,
+            output_mode: job.output_mode.unwrap_or_default(),
         };
         Ok(outcome::fold(observed, terms))
     }

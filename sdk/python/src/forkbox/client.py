@@ -235,6 +235,7 @@ class Forkbox:
         open_files: Optional[int] = None,
         limits: Optional[Mapping[str, int]] = None,
         runtime: Optional[str] = None,
+        output_mode: Optional[str] = None,
         id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
@@ -266,6 +267,7 @@ class Forkbox:
             open_files=open_files,
             limits=limits,
             runtime=runtime,
+            output_mode=output_mode,
             id=id,
         )
         return self._send(job, wait_timeout, on_output)

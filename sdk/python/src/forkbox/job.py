@@ -50,6 +50,7 @@ JOB_FIELDS = frozenset(
         "max_attempts",
         "reply_to",
         "runtime",
+        "output_mode",
     }
 )
 
@@ -197,6 +198,7 @@ def build_job(
     reply_to: Optional[str] = None,
     runtime: Optional[str] = None,
     id: Optional[str] = None,
+    output_mode: Optional[str] = None,
 ) -> Dict[str, Any]:
     """Builds a v1 job from keyword arguments.
 
@@ -204,6 +206,9 @@ def build_job(
     The limit keywords (``memory_mb``, ``pids``, ...) fill the job's ``limits`` object and take
     precedence over the same keys in ``limits``. ``runtime="python"`` runs a ``python3 ...``
     command line in the node's warm interpreter (the result's ``runtime`` says whether it did).
+    ``output_mode="truncate"`` cuts output past ``output_bytes`` and lets the job run on (its exit
+    code decides its status; ``stdout_truncated``/``stderr_truncated`` say what was cut); the
+    default, ``"kill"``, stops it (``output_limit``).
     """
     if cmd is not None and not isinstance(cmd, str):
         raise TypeError(f"cmd must be a shell string, got {type(cmd).__name__}; use argv=[...] for a list")
@@ -234,6 +239,7 @@ def build_job(
         "max_attempts": max_attempts,
         "reply_to": reply_to,
         "runtime": runtime,
+        "output_mode": output_mode,
     }
     return normalize_job(job)
 
@@ -286,6 +292,9 @@ def validate_job(job: Mapping[str, Any], max_job_bytes: Optional[int] = None) ->
     _int(job, "timeout_ms", 1, defaults["max_timeout_ms"])
     _int(job, "max_attempts", 1, defaults["max_max_attempts"])
     _int(job, "result_ttl_s", 1, defaults["max_result_ttl_s"])
+    mode = job.get("output_mode")
+    if mode is not None and mode not in SCHEMA["output_modes"]:
+        raise JobRejected(f"output_mode: unknown variant {mode!r:.40}, expected one of {', '.join(SCHEMA['output_modes'])}")
     batch = job.get("batch")
     if batch is not None and (not isinstance(batch, str) or not 1 <= len(batch.encode()) <= defaults["max_batch_len"]):
         raise JobRejected(f"batch: must be 1 to {defaults['max_batch_len']} bytes")
