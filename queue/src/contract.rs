@@ -12,8 +12,9 @@ use serde_json::{json, Value};
 use crate::keys::{Keys, GROUP, JOB_FIELD, RESULT_FIELD, VETTED_FIELD};
 use crate::queue::QueueConfig;
 use crate::schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, Limits, Runtime, Status, DEFAULT_MAX_JOB_BYTES,
-    DEFAULT_TIMEOUT_MS, MAX_ATTEMPTS, MAX_BATCH_LEN, MAX_ID_LEN, MAX_RESULT_TTL_S, MAX_TIMEOUT_MS,
+    EffectiveLimits, FileData, Job, JobCeilings, Limits, Network, Runtime, Status,
+    DEFAULT_MAX_JOB_BYTES, DEFAULT_TIMEOUT_MS, MAX_ATTEMPTS, MAX_BATCH_LEN, MAX_ID_LEN,
+    MAX_RESULT_TTL_S, MAX_TIMEOUT_MS,
 };
 
 /// The enqueue script every client runs to add a job (idempotency marker, `vetted`, batch
@@ -39,6 +40,7 @@ pub fn contract() -> Value {
         max_attempts: Some(1),
         reply_to: Some("x".into()),
         runtime: Some(Runtime::Python),
+        network: Some(Network::Loopback),
         ..Job::shell("x")
     };
     let mut job_fields: Vec<String> = object_keys(&every_field);
@@ -67,6 +69,7 @@ pub fn contract() -> Value {
             "limits": serde_json::to_value(EffectiveLimits::default()).expect("serializes"),
         },
         "node_maximums": serde_json::to_value(JobCeilings::default()).expect("serializes"),
+        "networks": Network::ALL.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
         "statuses": Status::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "group": GROUP,
         "stream_fields": {"job": JOB_FIELD, "vetted": VETTED_FIELD, "result": RESULT_FIELD},

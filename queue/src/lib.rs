@@ -69,8 +69,8 @@ pub use reclaim::{Reclaimed, HANDED_BACK_IDLE_MS, RECLAIM_PAGE};
 pub use redis_cluster::{RedisCluster, RedisClusterError};
 pub use redis_server::{RedisServer, RedisServerError, RedisServerOptions};
 pub use schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, Runtime,
-    RuntimeUse, Status,
+    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Network, Outcome,
+    Runtime, RuntimeUse, Status,
 };
 
 /// Re-exported so users name the same redis-rs version as this crate.

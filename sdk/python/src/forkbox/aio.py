@@ -79,6 +79,7 @@ class AsyncForkbox:
         open_files: Optional[int] = None,
         limits: Optional[Mapping[str, int]] = None,
         runtime: Optional[str] = None,
+        network: Optional[str] = None,
         id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
@@ -102,6 +103,7 @@ class AsyncForkbox:
             open_files=open_files,
             limits=limits,
             runtime=runtime,
+            network=network,
             id=id,
         )
         return await self._send(job, wait_timeout, on_output)
