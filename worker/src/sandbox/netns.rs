@@ -165,7 +165,60 @@ impl NetFactory {
 
 #[cfg(test)]
 mod tests {
-    use super::unix_table_is_empty;
+    use std::os::fd::{AsFd, AsRawFd};
+
+    use forkbox_queue::schema::Network;
+    use nix::sched::{setns, CloneFlags};
+    use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+
+    use super::{unix_table_is_empty, NetFactory, NetNs};
+
+    fn inode(ns: &NetNs) -> u64 {
+        nix::sys::stat::fstat(ns.fd.as_raw_fd()).unwrap().st_ino
+    }
+
+    /// A `none` namespace comes back to the pool only when no socket is left in it; a loopback
+    /// one never comes from it.
+    #[test]
+    fn a_namespace_with_a_socket_left_in_it_is_dropped_and_an_empty_one_kept() {
+        if !nix::unistd::Uid::effective().is_root() {
+            forkbox_queue::skip::skipped("network namespaces need root for this unit test");
+            return;
+        }
+        // A thread of its own: the network namespace is per thread, and this one goes home.
+        std::thread::spawn(|| {
+            let mut factory = NetFactory::new(4).unwrap();
+            let mut ns = factory.take(Network::None).unwrap();
+            assert!(ns.is_empty(), "a new namespace lists a socket");
+            // A Unix socket made inside it, still open when the namespace comes back.
+            setns(ns.fd.as_fd(), CloneFlags::CLONE_NEWNET).unwrap();
+            let left = socket(
+                AddressFamily::Unix,
+                SockType::Stream,
+                SockFlag::SOCK_CLOEXEC,
+                None,
+            )
+            .unwrap();
+            factory.go_home();
+            assert!(!ns.is_empty());
+            factory.give_back(ns);
+            assert_eq!(factory.free.len(), 0, "handed on with a socket in it");
+            drop(left);
+            let ns = factory.take(Network::None).unwrap();
+            let empty = inode(&ns);
+            factory.give_back(ns);
+            assert_eq!(factory.free.len(), 1);
+            let again = factory.take(Network::None).unwrap();
+            assert_eq!(inode(&again), empty, "an empty namespace was not handed on");
+            factory.give_back(again);
+            let lo = factory.take(Network::Loopback).unwrap();
+            assert!(lo.unix.is_none());
+            assert_ne!(inode(&lo), empty);
+            assert_eq!(factory.free.len(), 1);
+        })
+        .join()
+        .unwrap();
+    }
 
     const HEADER: &str = "Num       RefCount Protocol Flags    Type St Inode Path\n";
 
