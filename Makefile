@@ -84,11 +84,15 @@ lint: deps
 test-logs:
 	@rm -rf $(TEST_LOGS) && mkdir -p $(TEST_LOGS)
 
+# The isolation suites run twice: with the default network (none), then with loopback.
 test-rust: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build --workspace
 	@mkdir -p $(TEST_LOGS)
 	set -o pipefail; FORKBOX_PYTHON=$(abspath $(PY)) FORKBOX_LOADGEN_REQUIRE_WORKER=1 FORKBOX_REQUIRE_RUNTIMES=1 \
 	  $(CARGO) test --workspace -- --test-threads=2 --show-output 2>&1 | tee $(TEST_LOGS)/rust.log
+	set -o pipefail; FORKBOX_NETWORK_DEFAULT=loopback FORKBOX_PYTHON=$(abspath $(PY)) FORKBOX_REQUIRE_RUNTIMES=1 \
+	  $(CARGO) test -p forkbox \
+	  --test sandbox --test sandbox_kernel_state --test warm_python -- --test-threads=2 2>&1 | tee $(TEST_LOGS)/rust-loopback.log
 
 test-python: deps $(PY_VENV)/.forkbox-sdk
 	$(CARGO) build -p forkbox

@@ -104,6 +104,7 @@ PYEOF
 
 say "1. spawn"
 capture spawn "$FORKBOX" bench spawn --json
+capture spawn-loopback "$FORKBOX" bench spawn --json --network-default loopback --overshoot-runs 10
 capture spawn-shared-net "$FORKBOX" bench spawn --json --shared-net --overshoot-runs 10
 capture queue "$FORKBOX" bench queue --jobs "$JOBS" --slots "$WORKERS" --section "$OUT/queue-overhead.json" --json
 

@@ -72,6 +72,11 @@ def spawn(raw):
     rows = [["bare fork+exec+wait", fmt(bare), fmt(s["bare_fork_exec"]["p99_us"]), fmt(s["bare_per_s"]), "1.00×"],
             ["forkbox sandbox", fmt(s["forkbox"]["p50_us"]), fmt(s["forkbox"]["p99_us"]), fmt(s["forkbox_per_s"]),
              ratio(s["forkbox"]["p50_us"], bare)]]
+    loopback = load(raw, "spawn-loopback.json")
+    if "error" not in loopback:
+        rows.append(["forkbox, loopback network (a new namespace each)", fmt(loopback["forkbox"]["p50_us"]),
+                     fmt(loopback["forkbox"]["p99_us"]), fmt(loopback["forkbox_per_s"]),
+                     ratio(loopback["forkbox"]["p50_us"], bare)])
     shared = load(raw, "spawn-shared-net.json")
     if "error" not in shared:
         rows.append(["forkbox, one shared network namespace", fmt(shared["forkbox"]["p50_us"]),
@@ -86,11 +91,12 @@ def spawn(raw):
     if not s.get("bwrap"):
         notes.append("bubblewrap was not installed, so it was not measured.")
     if "error" not in shared:
-        notes.append("By default every sandbox has a network namespace of its own (only `lo`), so jobs cannot "
-                     "reach each other over loopback or abstract sockets. Each is new: the zygote makes it while "
-                     "it builds the sandbox, ahead of demand, and the kernel tears it down in the background "
-                     "once the sandbox is gone; none is handed to a second sandbox (see docs/security.md). "
-                     "`--shared-net` (one namespace for all sandboxes of a node) is shown for comparison.")
+        notes.append("By default a job has no network (`none`: Unix sockets only) in a namespace no running job "
+                     "shares, handed from one sandbox to the next once no socket is left in it. With "
+                     "`\"network\": \"loopback\"` each sandbox gets a new namespace with `lo` up, which the kernel "
+                     "tears down in the background once the sandbox is gone (see docs/security.md). "
+                     "`--shared-net` (one namespace for all sandboxes of a node, whatever their network) is shown "
+                     "for comparison.")
     fb = s["forkbox"]["p50_us"]
     notes.append(f"Targets: p50 within 1.5× of bare fork+exec: {fb / bare:.2f}× "
                  f"({'met' if fb <= 1.5 * bare else 'not met'})"

@@ -79,13 +79,17 @@ pub struct Args {
     /// are already running take jobs as soon as they land.
     #[arg(long)]
     pub backlog: bool,
-    /// Workload mix, `KIND[:ARG][:WEIGHT],...` (kinds: noop, python, sleep, cpu, humaneval,
-    /// hostile, jsonl:FILE), or a file holding one.
+    /// Workload mix, `KIND[:ARG][:WEIGHT],...` (kinds: noop, python, loopback, sleep, cpu,
+    /// humaneval, hostile, jsonl:FILE), or a file holding one.
     #[arg(long, default_value = "noop")]
     pub mix: String,
     /// Run the python and humaneval jobs in this warm runtime (`python`).
     #[arg(long, value_name = "RUNTIME")]
     pub runtime: Option<forkbox_queue::Runtime>,
+    /// The network of every job that sets none of its own (`none` or `loopback`; the
+    /// `loopback` kind always asks for loopback) [default: the worker's].
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<forkbox_queue::Network>,
     /// Start K local worker nodes.
     #[arg(long, value_name = "K", value_parser = at_least_one)]
     pub spawn_workers: Option<usize>,

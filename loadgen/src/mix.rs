@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use forkbox_queue::schema::{DEFAULT_TIMEOUT_MS, MAX_TIMEOUT_MS};
-use forkbox_queue::{Job, Limits};
+use forkbox_queue::{Job, Limits, Network};
 
 use crate::humaneval::Problem;
 
@@ -21,6 +21,12 @@ pub const DEFAULT_SLEEP: Duration = Duration::from_millis(100);
 pub const DEFAULT_CPU: Duration = Duration::from_millis(50);
 /// The `python` workload: a short CPU-bound snippet (about 10 ms of work after start-up).
 pub const PYTHON_SNIPPET: &str = "print(sum(i * i for i in range(200000)))";
+/// The `loopback` workload: a TCP round trip over the sandbox's own `lo`, which a job has only
+/// when it asks for `"network": "loopback"`.
+pub const LOOPBACK_SNIPPET: &str = "import socket\n\
+    s = socket.create_server(('127.0.0.1', 0))\n\
+    c = socket.create_connection(s.getsockname())\n\
+    a, _ = s.accept(); c.sendall(b'ping'); print(a.recv(4).decode())";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MixError {
@@ -118,6 +124,8 @@ pub enum Workload {
     Noop,
     /// [`PYTHON_SNIPPET`] through `python3`.
     Python,
+    /// [`LOOPBACK_SNIPPET`] through `python3`, with a loopback network.
+    Loopback,
     /// `sleep` for a duration.
     Sleep(Duration),
     /// A CPU busy loop of a duration (measured in process CPU time, after interpreter start-up).
@@ -136,6 +144,7 @@ impl Workload {
         match self {
             Workload::Noop => "noop".into(),
             Workload::Python => "python".into(),
+            Workload::Loopback => "loopback".into(),
             Workload::Sleep(d) => format!("sleep:{}ms", d.as_millis()),
             Workload::Cpu(d) => format!("cpu:{}ms", d.as_millis()),
             Workload::HumanEval => "humaneval".into(),
@@ -233,6 +242,7 @@ fn parse_entry(entry: &str) -> Result<MixEntry, MixError> {
     let workload = match kind {
         "noop" => no_arg(Workload::Noop)?,
         "python" => no_arg(Workload::Python)?,
+        "loopback" => no_arg(Workload::Loopback)?,
         "humaneval" => no_arg(Workload::HumanEval)?,
         "sleep" => Workload::Sleep(duration(DEFAULT_SLEEP)?),
         "cpu" => Workload::Cpu(duration(DEFAULT_CPU)?),
@@ -241,7 +251,9 @@ fn parse_entry(entry: &str) -> Result<MixEntry, MixError> {
             Some(a) => Workload::Hostile(Some(Hostile::parse(a).ok_or_else(|| {
                 bad(
                     entry,
-                    format!("unknown hostile program {a:?}; one of forkbomb, memorybomb, loop, flood"),
+                    format!(
+                        "unknown hostile program {a:?}; one of forkbomb, memorybomb, loop, flood"
+                    ),
                 )
             })?)),
         },
@@ -250,7 +262,8 @@ fn parse_entry(entry: &str) -> Result<MixEntry, MixError> {
             return Err(bad(
                 entry,
                 format!(
-                    "unknown kind {other:?}; one of noop, python, sleep, cpu, humaneval, hostile, jsonl"
+                    "unknown kind {other:?}; one of noop, python, loopback, sleep, cpu, humaneval, \
+                     hostile, jsonl"
                 ),
             ))
         }
@@ -345,6 +358,8 @@ pub struct JobSource {
     turns: Vec<usize>,
     /// The runtime the python and humaneval jobs ask for (`--runtime`).
     runtime: Option<forkbox_queue::Runtime>,
+    /// The network every job asks for unless it sets its own (`--network`).
+    network: Option<Network>,
 }
 
 impl JobSource {
@@ -373,6 +388,7 @@ impl JobSource {
             jsonl,
             turns: vec![0; mix.entries.len()],
             runtime: None,
+            network: None,
         })
     }
 
@@ -412,6 +428,11 @@ impl JobSource {
         self.runtime = runtime;
     }
 
+    /// Makes every job that sets no network of its own ask for `network`.
+    pub fn set_network(&mut self, network: Option<Network>) {
+        self.network = network;
+    }
+
     /// The job entry `kind` sends on its `turn`-th pick, what its result should be, and the
     /// HumanEval task it is.
     fn job(&self, kind: usize, turn: usize) -> (Job, Expect, Option<String>) {
@@ -422,6 +443,7 @@ impl JobSource {
         ) {
             job.runtime = self.runtime;
         }
+        job.network = job.network.or(self.network);
         (job, expect, task)
     }
 
@@ -430,6 +452,13 @@ impl JobSource {
         let (job, expect) = match &self.entries[kind].workload {
             Workload::Noop => (Job::argv(["/bin/true"]), Expect::Ok),
             Workload::Python => (Job::argv(["python3", "-c", PYTHON_SNIPPET]), Expect::Ok),
+            Workload::Loopback => (
+                Job {
+                    network: Some(Network::Loopback),
+                    ..Job::argv(["python3", "-c", LOOPBACK_SNIPPET])
+                },
+                Expect::Ok,
+            ),
             Workload::Sleep(d) => (
                 with_room(
                     Job::argv(["sleep".to_owned(), format!("{:.3}", d.as_secs_f64())]),
@@ -704,5 +733,24 @@ mod tests {
             assert_eq!(p.job.runtime.is_some(), python, "{:?}", p.job.command());
         }
         assert!(jobs.iter().any(|p| p.job.runtime.is_some()));
+    }
+
+    #[test]
+    fn loopback_jobs_keep_their_network_and_the_rest_take_the_flags() {
+        let mix = Mix::parse("noop,loopback").unwrap();
+        assert_eq!(mix.entries[1].workload, Workload::Loopback);
+        let mut src = JobSource::new(&mix, Vec::new()).unwrap();
+        let first: Vec<Planned> = (0..2).map(|_| src.next_job()).collect();
+        let networks = |jobs: &[Planned]| -> Vec<Option<Network>> {
+            jobs.iter().map(|p| p.job.network).collect()
+        };
+        assert_eq!(networks(&first), [None, Some(Network::Loopback)]);
+        src.set_network(Some(Network::None));
+        let next: Vec<Planned> = (0..2).map(|_| src.next_job()).collect();
+        assert_eq!(
+            networks(&next),
+            [Some(Network::None), Some(Network::Loopback)]
+        );
+        assert!(first[1].job.command()[2].contains("127.0.0.1"));
     }
 }

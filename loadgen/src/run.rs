@@ -489,6 +489,7 @@ fn load_jobs(args: &Args) -> anyhow::Result<JobSource> {
     };
     let mut source = JobSource::new(&mix, problems)?;
     source.set_runtime(args.runtime);
+    source.set_network(args.network);
     Ok(source)
 }
 

@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use crate::keys::{Keys, GROUP, JOB_FIELD, RESULT_FIELD, VETTED_FIELD};
 use crate::queue::QueueConfig;
 use crate::schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, Limits, OutputMode, Runtime, Status,
+    EffectiveLimits, FileData, Job, JobCeilings, Limits, Network, OutputMode, Runtime, Status,
     DEFAULT_MAX_JOB_BYTES, DEFAULT_TIMEOUT_MS, MAX_ATTEMPTS, MAX_BATCH_LEN, MAX_ID_LEN,
     MAX_RESULT_TTL_S, MAX_TIMEOUT_MS,
 };
@@ -44,6 +44,7 @@ pub fn contract() -> Value {
         reply_to: Some("x".into()),
         runtime: Some(Runtime::Python),
         output_mode: Some(OutputMode::Truncate),
+        network: Some(Network::Loopback),
         ..Job::shell("x")
     };
     let mut job_fields: Vec<String> = object_keys(&every_field);
@@ -72,6 +73,7 @@ pub fn contract() -> Value {
             "limits": serde_json::to_value(EffectiveLimits::default()).expect("serializes"),
         },
         "node_maximums": serde_json::to_value(JobCeilings::default()).expect("serializes"),
+        "networks": Network::ALL.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
         "statuses": Status::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
         "output_modes": [OutputMode::Kill.as_str(), OutputMode::Truncate.as_str()],
         "group": GROUP,

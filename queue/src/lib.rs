@@ -74,7 +74,8 @@ pub use redis_server::{
     random_password, RedisServer, RedisServerError, RedisServerOptions, ServerTls,
 };
 pub use schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Outcome, OutputMode,
+    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Network, Outcome,
+    OutputMode,
     Runtime, RuntimeUse, Status,
 };
 

@@ -96,6 +96,50 @@ pub struct Job {
     /// sandbox existed); absent runs it as any other program.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<Runtime>,
+    /// The network the job's sandbox has; absent takes the node's default (`none` unless the
+    /// node says otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<Network>,
+}
+
+/// The network a job's sandbox has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// No network at all: only Unix sockets can be made (any other family fails with
+    /// EAFNOSUPPORT), in a namespace no concurrent job shares.
+    #[default]
+    None,
+    /// A network namespace of its own with only `lo` up: IPv4, IPv6 and netlink sockets work
+    /// within the sandbox and reach nothing outside it.
+    Loopback,
+}
+
+impl Network {
+    pub const ALL: [Network; 2] = [Network::None, Network::Loopback];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Network::None => "none",
+            Network::Loopback => "loopback",
+        }
+    }
+}
+
+impl fmt::Display for Network {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Network, String> {
+        Network::ALL
+            .into_iter()
+            .find(|n| n.as_str() == s)
+            .ok_or_else(|| format!("unknown network {s:?} (known: none, loopback)"))
+    }
 }
 
 /// A warm runtime a job may ask for.
@@ -1423,5 +1467,23 @@ mod tests {
         };
         let text = serde_json::to_string(&used).unwrap();
         assert_eq!(text, r#"{"name":"python","warm":false,"note":"-O"}"#);
+    }
+
+    #[test]
+    fn network_is_optional_and_strict() {
+        assert_eq!(parse(r#"{"cmd":"true"}"#).unwrap().network, None);
+        for (text, want) in [("none", Network::None), ("loopback", Network::Loopback)] {
+            let job = parse(&format!(r#"{{"cmd":"true","network":"{text}"}}"#)).unwrap();
+            assert_eq!(job.network, Some(want));
+            assert_eq!(text.parse::<Network>(), Ok(want));
+            assert_eq!(want.to_string(), text);
+        }
+        assert_eq!(Network::default(), Network::None);
+        for bad in [r#""host""#, r#""Loopback""#, r#""""#] {
+            let e = err(&format!(r#"{{"cmd":"true","network":{bad}}}"#));
+            assert!(e.starts_with("network:"), "{e}");
+        }
+        let e = "host".parse::<Network>().unwrap_err();
+        assert!(e.contains("none, loopback"), "{e}");
     }
 }

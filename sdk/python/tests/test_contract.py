@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO_ROOT
 from forkbox import STATUSES, Forkbox, JobRejected, Queue
 from forkbox._schema import ENQUEUE_LUA, LIMIT_RANGES, SCHEMA
-from forkbox.job import DEFAULT_TIMEOUT_MS, JOB_FIELDS, LIMIT_FIELDS, validate_job
+from forkbox.job import DEFAULT_TIMEOUT_MS, JOB_FIELDS, LIMIT_FIELDS, NETWORKS, build_job, validate_job
 from forkbox.redis_queue import DEFAULT_MAX_JOB_BYTES, DEFAULT_RESULT_TTL_S
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "src" / "forkbox" / "schema.json"
@@ -66,11 +66,21 @@ def test_the_enqueue_script_is_the_crates() -> None:
         ({"cmd": "true", "collect": ["/etc/*"]}, "collect[0]: absolute paths are not allowed"),
         ({"cmd": "true", "id": "a b"}, "id: must be printable ASCII without spaces"),
         ({"cmd": "   "}, "cmd: is empty"),
+        ({"cmd": "true", "network": "host"}, "network: unknown variant `host`"),
     ],
 )
 def test_jobs_a_worker_refuses_are_refused_locally(job: dict, message: str) -> None:
     with pytest.raises(JobRejected, match="^job rejected: " + _re(message)):
         validate_job(job)
+
+
+def test_networks_follow_the_schema_and_reach_the_job() -> None:
+    assert NETWORKS == tuple(SCHEMA["networks"]) == ("none", "loopback")
+    for network in NETWORKS:
+        job = build_job("true", network=network)
+        assert job["network"] == network
+        validate_job(job)
+    assert "network" not in build_job("true")
 
 
 def test_limit_ranges_follow_the_schema() -> None:

@@ -4,10 +4,45 @@ use std::process::ExitCode;
 
 use forkbox::check;
 use forkbox::sandbox::{self, Engine};
-use forkbox_queue::schema::{Job, Status};
+use forkbox_queue::schema::{Job, Network, Status};
 
 use super::opts::SandboxOpts;
 use super::runtime;
+
+/// Runs `/bin/true` with each network, proving a sandbox of either can be built, and says
+/// what each gives; the reason of the first that fails.
+fn network_check(engine: &Engine, opts: &SandboxOpts) -> anyhow::Result<Option<String>> {
+    let default = opts.network_default.unwrap_or_default();
+    let mut failed = None;
+    for network in Network::ALL {
+        let what = match network {
+            Network::None => {
+                "Unix sockets only (any other family fails with EAFNOSUPPORT); its namespace \
+                 serves one sandbox at a time and the next once no socket is left in it"
+            }
+            Network::Loopback => "a new namespace per sandbox with lo up",
+        };
+        let what = if opts.shared_net {
+            format!("{what}, but one namespace shared by every sandbox (--shared-net)")
+        } else {
+            what.to_owned()
+        };
+        let mark = if network == default { " (default)" } else { "" };
+        let job = Job {
+            network: Some(network),
+            ..Job::argv(["/bin/true"])
+        };
+        let out = runtime()?.block_on(engine.run(&job));
+        if out.status == Status::Ok {
+            println!("ok    network {network}{mark}: {what}");
+        } else {
+            let reason = out.error.unwrap_or_else(|| out.status.to_string());
+            println!("FAIL  network {network}{mark}: {reason}");
+            failed.get_or_insert(reason);
+        }
+    }
+    Ok(failed)
+}
 
 pub fn main(opts: SandboxOpts) -> anyhow::Result<ExitCode> {
     let report = check::probe_host();
@@ -30,6 +65,9 @@ pub fn main(opts: SandboxOpts) -> anyhow::Result<ExitCode> {
                     out.error.clone().unwrap_or_else(|| out.status.to_string())
                 );
                 fatal.get_or_insert_with(|| out.error.unwrap_or_default());
+            }
+            if let Some(reason) = network_check(e, &opts)? {
+                fatal.get_or_insert(reason);
             }
             let m = e.mechanisms();
             println!("info  identity: {}", m.identity);

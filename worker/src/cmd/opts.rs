@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use clap::Args;
 use forkbox::sandbox::{self, wire::RootSource, Engine, EngineConfig};
-use forkbox_queue::schema::{FileData, Job, Limits};
+use forkbox_queue::schema::{FileData, Job, Limits, Network};
 use serde::Deserialize;
 
 /// Options shared by every command that builds an engine. A worker's `--config` file may set
@@ -50,6 +50,12 @@ pub struct SandboxOpts {
     #[arg(long)]
     #[serde(skip)]
     pub shared_net: bool,
+    /// The network of a job that does not set `network`: `none` (Unix sockets only) or
+    /// `loopback` (a namespace of its own with `lo` up). The sandboxes kept ready are built
+    /// for it; a job asking for the other waits for one built for it [default: none].
+    #[arg(long, env = "FORKBOX_NETWORK_DEFAULT", value_name = "MODE")]
+    #[serde(default)]
+    pub network_default: Option<Network>,
     /// Modules the warm Python runtime imports before the first sandbox, comma-separated;
     /// `none` turns the runtime off (jobs asking for it run cold); `default` in the list stands
     /// for the default list (`default,unittest` adds one) [default: common standard-library
@@ -94,6 +100,7 @@ impl SandboxOpts {
             allow: _,
             allow_only: _,
             shared_net: _,
+            network_default,
             python_preload,
             max_timeout_ms,
             max_memory_mb,
@@ -106,6 +113,7 @@ impl SandboxOpts {
             max_collect_bytes,
         } = file;
         SandboxOpts {
+            network_default: self.network_default.or(network_default),
             python_preload: self.python_preload.or(python_preload),
             max_timeout_ms: self.max_timeout_ms.or(max_timeout_ms),
             max_memory_mb: self.max_memory_mb.or(max_memory_mb),
@@ -144,6 +152,7 @@ impl SandboxOpts {
         let mut cfg = EngineConfig {
             slots,
             net_per_sandbox: !self.shared_net,
+            network_default: self.network_default.unwrap_or_default(),
             ..EngineConfig::default()
         };
         cfg.python = python_settings(self.python_preload.as_deref());
@@ -376,6 +385,10 @@ pub struct JobArgs {
     /// Run the program in a warm runtime: `python` for a `python3 ...` command line.
     #[arg(long, value_name = "RUNTIME")]
     pub runtime: Option<forkbox_queue::Runtime>,
+    /// The job's network: `none` (Unix sockets only) or `loopback` (a namespace of its own
+    /// with `lo` up) [default: the node's].
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<Network>,
     /// The program and its arguments.
     #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub argv: Vec<String>,
@@ -393,6 +406,7 @@ impl JobArgs {
         job.cwd = self.cwd.clone();
         job.runtime = self.runtime;
         job.output_mode = self.output_mode;
+        job.network = self.network;
         job.limits = Limits {
             memory_mb: self.memory_mb,
             pids: self.pids,

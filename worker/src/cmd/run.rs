@@ -38,6 +38,8 @@ pub struct RunCmd {
 pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
     let job = cmd.job.to_job()?;
     let mut config = cmd.sandbox.engine_config(1);
+    // The one sandbox kept ready is built for the job's network.
+    config.network_default = job.network.unwrap_or(config.network_default);
     // One job, so one zygote: the runtime's when it asks for one (it runs there warm, or cold
     // when its command line cannot), else the plain one with no interpreter to warm.
     let engine = if job.runtime.is_some() {

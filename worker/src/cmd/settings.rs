@@ -388,6 +388,28 @@ mod tests {
     }
 
     #[test]
+    fn network_default_comes_from_the_flag_else_the_file_else_none() {
+        use forkbox_queue::Network;
+        let (_dir, path) = config_file("network_default = \"loopback\"\n");
+        let parse = |flags: &[&str]| {
+            worker_args(flags)
+                .sandbox_opts()
+                .unwrap()
+                .engine_config(1)
+                .network_default
+        };
+        assert_eq!(parse(&["--config", &path]), Network::Loopback);
+        let flag = ["--config", &path, "--network-default", "none"];
+        assert_eq!(parse(&flag), Network::None);
+        assert_eq!(parse(&[]), Network::None);
+        let e = WorkerSettings::parse("network_default = \"host\"\n").unwrap_err();
+        assert!(
+            e.contains("network_default") && e.contains("loopback"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn python_preload_comes_from_the_flag_else_the_file() {
         let (_dir, path) = config_file("python_preload = [\"json\", \"numpy\"]\n");
         let parse = |extra: &[&str]| {
@@ -472,12 +494,17 @@ mod tests {
              max_job_attempts = 4\nmax_result_ttl_s = 100\nallow_eviction = true\n\
              python_preload = \"json, re\"\nmax_timeout_ms = 1000\nmax_memory_mb = 100\n\
              max_pids = 10\nmax_cpu_ms = 2000\nmax_output_bytes = 3000\nmax_disk_mb = 20\n\
-             max_file_size_mb = 3\nmax_open_files = 40\nmax_collect_bytes = 5000\n",
+             max_file_size_mb = 3\nmax_open_files = 40\nmax_collect_bytes = 5000\n\
+             network_default = \"loopback\"\n",
         );
         let settings = worker_args(&["--config", &path]).with_file().unwrap();
         assert_eq!(
             settings.sandbox.python_preload,
             Some(vec!["json".to_owned(), "re".to_owned()])
+        );
+        assert_eq!(
+            settings.sandbox.engine_config(1).network_default,
+            forkbox_queue::Network::Loopback
         );
         let c = settings.node_config().unwrap();
         assert_eq!(c.redis_url, "redis://f:2/");

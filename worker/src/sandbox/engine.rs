@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use forkbox_queue::schema::{EffectiveLimits, Job, JobCeilings};
+use forkbox_queue::schema::{EffectiveLimits, Job, JobCeilings, Network};
 use tokio::sync::Semaphore;
 
 use super::events::{spawn_event_reader, Launchers, Waiters};
@@ -37,6 +37,9 @@ pub struct EngineConfig {
     pub runtime_dir: PathBuf,
     /// One network namespace per sandbox (default) rather than one shared by all.
     pub net_per_sandbox: bool,
+    /// The network of a job that does not ask for one; the sandboxes built ahead of demand
+    /// are built for it.
+    pub network_default: Network,
     /// Cap on the bytes of collected files per job.
     pub collect_max_bytes: u64,
     /// Use cgroup v2 when delegated (`Some(probe source)`), never (`None`).
@@ -78,6 +81,7 @@ impl Default for EngineConfig {
             root_mapped_id: DEFAULT_ROOT_MAPPED_ID,
             runtime_dir: std::env::temp_dir(),
             net_per_sandbox: true,
+            network_default: Network::default(),
             collect_max_bytes: 8 * 1024 * 1024,
             cgroup: Some(CgroupSource::default()),
             python: None,
@@ -328,6 +332,7 @@ impl Engine {
             defaults: config.defaults,
             pool: config.slots + 1,
             net_per_sandbox: config.net_per_sandbox,
+            network_default: config.network_default,
             cgroup_handshake: cgroups.is_some(),
             python: python_request,
             sandbox_id: identity::sandbox_id(),

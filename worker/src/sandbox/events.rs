@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use std::collections::VecDeque;
 
+use forkbox_queue::schema::Network;
 use tokio::sync::mpsc;
 
 use super::wire::{self, FromZygote};
@@ -21,6 +22,8 @@ pub(super) struct Launcher {
     pub(super) pids: Vec<i32>,
     /// The job channel to the launcher.
     pub(super) channel: OwnedFd,
+    /// The network it was built for (its seccomp program is already loaded).
+    pub(super) network: Network,
 }
 
 pub(super) type Launchers = Arc<Mutex<VecDeque<Launcher>>>;
@@ -66,7 +69,11 @@ pub(super) fn spawn_event_reader(
             let req = match &msg {
                 FromZygote::Assigned { req, .. } => *req,
                 FromZygote::Exited(e) => e.req,
-                FromZygote::Launcher { sandbox, pids } => {
+                FromZygote::Launcher {
+                    sandbox,
+                    pids,
+                    network,
+                } => {
                     if let Some(channel) = fds.into_iter().next() {
                         launchers
                             .lock()
@@ -75,6 +82,7 @@ pub(super) fn spawn_event_reader(
                                 sandbox: *sandbox,
                                 pids: pids.clone(),
                                 channel,
+                                network: *network,
                             });
                     }
                     continue;

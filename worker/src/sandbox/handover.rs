@@ -4,7 +4,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::Ordering;
 
-use forkbox_queue::schema::EffectiveLimits;
+use forkbox_queue::schema::{EffectiveLimits, Network};
 use tokio::sync::mpsc;
 
 use super::cgroup;
@@ -20,8 +20,8 @@ pub(super) type Handed = (
 );
 
 impl Engine {
-    /// Gives a job's descriptors (payload, stdin, stdout, stderr, report) to a sandbox and
-    /// registers for its events. A ready launcher the zygote gave the engine gets them
+    /// Gives a job's descriptors (payload, stdin, stdout, stderr, report) to a sandbox built
+    /// for its `network` and registers for its events. A ready launcher the zygote gave the engine gets them
     /// directly, which saves the spawn a wake-up of the zygote: with cgroups, its init and
     /// launcher are placed in the job's cgroup first (the launcher is idle until it gets the
     /// job, so no instruction of the job runs outside its limits); then the zygote is told
@@ -30,6 +30,7 @@ impl Engine {
     /// request, its events and the job's cgroup if it was placed here.
     pub(super) fn hand_over(
         &self,
+        network: Network,
         timeout_ms: u64,
         limits: &EffectiveLimits,
         fds: [BorrowedFd<'_>; 5],
@@ -43,7 +44,13 @@ impl Engine {
                 inner.waiters.lock().expect("waiters lock").remove(&req);
             };
             let launcher = loop {
-                let next = inner.launchers.lock().expect("launchers lock").pop_front();
+                let next = {
+                    let mut launchers = inner.launchers.lock().expect("launchers lock");
+                    // Its seccomp program fixes a sandbox's network: only one built for the
+                    // job's will do.
+                    let at = launchers.iter().position(|l| l.network == network);
+                    at.and_then(|i| launchers.remove(i))
+                };
                 match next {
                     // A launcher that died while it waited shows as its channel's hang-up (it
                     // never writes on it). Skipping it before `place` also keeps a pid freed by
@@ -53,7 +60,11 @@ impl Engine {
                 }
             };
             let Some(launcher) = launcher else {
-                let spawn = ToZygote::Spawn { req, timeout_ms };
+                let spawn = ToZygote::Spawn {
+                    req,
+                    timeout_ms,
+                    network,
+                };
                 if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
                     unregister();
                     return Err(format!("sending the job to the zygote: {e}"));

@@ -187,8 +187,9 @@ impl Engine {
             stderr_w.as_fd(),
             report_w.as_fd(),
         ];
+        let network = job.network.unwrap_or(inner.config.network_default);
         let (req, events, cgroup_job) =
-            self.hand_over(inner.config.ceilings.timeout_ms(job), &limits, fds)?;
+            self.hand_over(network, inner.config.ceilings.timeout_ms(job), &limits, fds)?;
         let _unregister = Unregister {
             waiters: &inner.waiters,
             req,

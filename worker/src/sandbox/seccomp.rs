@@ -35,6 +35,7 @@
 
 use std::io::{Read, Seek};
 
+use forkbox_queue::schema::Network;
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
 use super::sys::SockFilter;
@@ -468,7 +469,24 @@ pub const SOCKET_FAMILIES: &[u64] = &[
     libc::AF_NETLINK as u64,
 ];
 
-/// The calls whose family argument (the first) is checked against [`SOCKET_FAMILIES`].
+/// The socket families a job with no network (`"network": "none"`) may use: Unix alone.
+/// Without an IPv4, IPv6, netlink or packet socket a job cannot change its network
+/// namespace's state (counters, routes, flow labels, TIME_WAIT), which is what lets one such
+/// namespace serve one sandbox after another (`netns`). The others fail with EAFNOSUPPORT, as
+/// on a kernel built without them: runtimes take their "no IPv4/IPv6" paths and report
+/// "Address family not supported by protocol", which names the cause, where EACCES would
+/// read as a file permission problem.
+pub const UNIX_ONLY_FAMILIES: &[u64] = &[libc::AF_UNIX as u64];
+
+/// The socket families allowed under a job's network mode. The largest must be the last.
+pub fn socket_families(network: Network) -> &'static [u64] {
+    match network {
+        Network::None => UNIX_ONLY_FAMILIES,
+        Network::Loopback => SOCKET_FAMILIES,
+    }
+}
+
+/// The calls whose family argument (the first) is checked against [`socket_families`].
 pub const SOCKET_CALLS: &[&str] = &["socket", "socketpair"];
 
 /// The calls allowed only for some arguments, besides the socket table ([`SOCKET_CALLS`]):
@@ -479,9 +497,15 @@ pub const ARGUMENT_RULES: &[&str] = &["clone", "fcntl", "mmap", "personality"];
 /// profile: Linux, its 32-bit flavour, and both with `UNAME26`. Any other fails with ENOSYS.
 pub const PERSONAS: &[u64] = &[0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
-/// What the policy does with one call: the errno it fails with, or none when it is allowed.
-/// The reference the compiled program is tested against, written from the tables alone.
+/// [`verdict_for`] a job with a loopback network.
 pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
+    verdict_for(Network::Loopback, name, args)
+}
+
+/// What the policy does with one call under a network mode: the errno it fails with, or none
+/// when it is allowed. The reference the compiled program is tested against, written from the
+/// tables alone.
+pub fn verdict_for(network: Network, name: &str, args: &[u64; 6]) -> Option<i32> {
     if DENIED.contains(&name) || DENIED_BY_NUMBER.iter().any(|&(n, _)| n == name) {
         return Some(libc::EPERM);
     }
@@ -500,7 +524,10 @@ pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
         ),
         "personality" => refused(!PERSONAS.contains(&args[0]), libc::ENOSYS),
         _ if SOCKET_CALLS.contains(&name) => {
-            refused(!SOCKET_FAMILIES.contains(&args[0]), libc::EAFNOSUPPORT)
+            refused(
+                !socket_families(network).contains(&args[0]),
+                libc::EAFNOSUPPORT,
+            )
         }
         _ if ALLOWED.contains(&name) || ALLOWED_BY_NUMBER.iter().any(|&(n, _)| n == name) => None,
         // `UNAVAILABLE`, and every call not listed.
@@ -611,13 +638,14 @@ fn add_argument_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
     Ok(())
 }
 
-/// The rules of the socket table ([`SOCKET_CALLS`], [`SOCKET_FAMILIES`]).
-fn add_socket_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
+/// The rules of the socket table ([`SOCKET_CALLS`], [`socket_families`] of `network`).
+fn add_socket_rules(ctx: &mut ScmpFilterContext, network: Network) -> Result<(), SeccompError> {
     // The family is an int: a value with any bit set above the largest allowed family, in
     // either half of the register, is refused, so the kernel's truncation to 32 bits cannot
     // turn a refused 64-bit value into an allowed family. Below it, each gap is refused, and
     // each allowed family allowed.
-    let largest = *SOCKET_FAMILIES.last().expect("some family is allowed");
+    let families = socket_families(network);
+    let largest = *families.last().expect("some family is allowed");
     for &name in SOCKET_CALLS {
         let call = ScmpSyscall::from_name(name).map_err(|_| SeccompError::UnknownSyscall(name))?;
         let refuse = ScmpAction::Errno(libc::EAFNOSUPPORT);
@@ -627,7 +655,7 @@ fn add_socket_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
             &[ScmpArgCompare::new(0, ScmpCompareOp::Greater, largest)],
         )?;
         for family in 0..=largest {
-            let action = if SOCKET_FAMILIES.contains(&family) {
+            let action = if families.contains(&family) {
                 ScmpAction::Allow
             } else {
                 refuse
@@ -642,8 +670,15 @@ fn add_socket_rules(ctx: &mut ScmpFilterContext) -> Result<(), SeccompError> {
     Ok(())
 }
 
-/// Compiles the policy ([`verdict`]) into a BPF program for the native architecture.
+/// [`compile_for`] a job with a loopback network.
 pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
+    compile_for(Network::Loopback)
+}
+
+/// Compiles the policy for one network mode ([`verdict_for`]) into a BPF program for the
+/// native architecture. A sandbox's mode is fixed when its launcher loads the program, before
+/// any job exists.
+pub fn compile_for(network: Network) -> Result<Vec<SockFilter>, SeccompError> {
     // Calls not listed fail with ENOSYS, `UNAVAILABLE` among them.
     let mut ctx = ScmpFilterContext::new_filter(ScmpAction::Errno(libc::ENOSYS))?;
     ctx.set_act_badarch(ScmpAction::Errno(libc::EPERM))?;
@@ -670,7 +705,7 @@ pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
         ctx.add_rule(ScmpAction::Errno(libc::EPERM), ScmpSyscall::from(nr))?;
     }
     add_argument_rules(&mut ctx)?;
-    add_socket_rules(&mut ctx)?;
+    add_socket_rules(&mut ctx, network)?;
     let fd = nix::sys::memfd::memfd_create(
         c"forkbox-seccomp",
         nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
@@ -1166,5 +1201,74 @@ mod tests {
         assert_eq!(prog[0].k, 4);
         // The x32 guard: a comparison against 0x40000000 somewhere in the program.
         assert!(prog.iter().any(|i| i.k == 0x4000_0000), "no x32 guard");
+    }
+
+    /// Each network mode's program refuses exactly the socket families its table leaves out,
+    /// for every probe of the first argument, and decides every other call as the loopback
+    /// program does.
+    #[test]
+    fn each_network_mode_allows_its_socket_families_alone() {
+        let loopback = compile_for(Network::Loopback).unwrap();
+        for network in Network::ALL {
+            let prog = compile_for(network).unwrap();
+            for call in SOCKET_CALLS {
+                for args in probes() {
+                    let want = match verdict_for(network, call, &args) {
+                        Some(e) => errno(e),
+                        None => ALLOW,
+                    };
+                    assert_eq!(
+                        run(&prog, X86_64, nr(call), &args).0,
+                        want,
+                        "{call} {args:x?}"
+                    );
+                }
+            }
+            for n in 0..1024u32 {
+                let name = ScmpSyscall::from(n as i32).get_name().ok();
+                if name.as_deref().is_some_and(|n| SOCKET_CALLS.contains(&n)) {
+                    continue;
+                }
+                for args in [[0; 6], [libc::AF_INET as u64, 1, 0, 0, 0, 0]] {
+                    assert_eq!(
+                        run(&prog, X86_64, n, &args).0,
+                        run(&loopback, X86_64, n, &args).0,
+                        "syscall {n} {name:?}"
+                    );
+                }
+            }
+        }
+        let none = compile_for(Network::None).unwrap();
+        let family = |f: i32| [f as u64, libc::SOCK_STREAM as u64, 0, 0, 0, 0];
+        assert_eq!(
+            run(&none, X86_64, nr("socket"), &family(libc::AF_UNIX)).0,
+            ALLOW
+        );
+        assert_eq!(
+            run(&none, X86_64, nr("socketpair"), &family(libc::AF_UNIX)).0,
+            ALLOW
+        );
+        for f in [
+            libc::AF_INET,
+            libc::AF_INET6,
+            libc::AF_NETLINK,
+            libc::AF_PACKET,
+            libc::AF_VSOCK,
+            libc::AF_UNSPEC,
+        ] {
+            for call in SOCKET_CALLS {
+                assert_eq!(
+                    run(&none, X86_64, nr(call), &family(f)).0,
+                    errno(libc::EAFNOSUPPORT),
+                    "{call} family {f}"
+                );
+            }
+        }
+        // A refused family with garbage above the 32 bits the kernel reads is still refused.
+        let high = [1 << 32 | libc::AF_INET as u64, 1, 0, 0, 0, 0];
+        assert_eq!(
+            run(&none, X86_64, nr("socket"), &high).0,
+            errno(libc::EAFNOSUPPORT)
+        );
     }
 }

@@ -12,7 +12,7 @@ use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::path::PathBuf;
 
-use forkbox_queue::schema::{EffectiveLimits, Job};
+use forkbox_queue::schema::{EffectiveLimits, Job, Network};
 use nix::errno::Errno;
 use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::de::DeserializeOwned;
@@ -46,8 +46,12 @@ pub struct ZygoteConfig {
     pub defaults: EffectiveLimits,
     /// How many pre-warmed sandboxes to keep ready.
     pub pool: usize,
-    /// Give each sandbox its own network namespace (only `lo`), instead of sharing the zygote's.
+    /// Give each sandbox its own network namespace, instead of sharing the zygote's.
     pub net_per_sandbox: bool,
+    /// The network of the sandboxes built ahead of demand; a job asking for the other mode
+    /// gets a sandbox built for it.
+    #[serde(default)]
+    pub network_default: Network,
     /// The engine places each init into a cgroup before the program starts.
     pub cgroup_handshake: bool,
     /// Warm the Python runtime before the first sandbox.
@@ -63,7 +67,11 @@ pub enum ToZygote {
     /// The uid/gid maps of the zygote's user namespace are written.
     MapsWritten,
     /// Run a job. Carries [payload, stdin, stdout, stderr, report] descriptors.
-    Spawn { req: u64, timeout_ms: u64 },
+    Spawn {
+        req: u64,
+        timeout_ms: u64,
+        network: Network,
+    },
     /// The engine is handing job `req` to the launcher of `sandbox` itself (see
     /// [`FromZygote::Launcher`]). Carries the read end of the job's exec-notify pipe. Sent
     /// before the job goes to the launcher, so the zygote knows the sandbox is taken, and
@@ -100,8 +108,13 @@ pub enum FromZygote {
     Exited(Exit),
     /// A ready sandbox the engine may hand a job to itself. Carries the job channel to its
     /// launcher, over which the engine sends [`ToInit::Run`] after [`ToZygote::Started`].
-    /// `pids` are the host pids of its init and its launcher, for the job's cgroup.
-    Launcher { sandbox: u64, pids: Vec<i32> },
+    /// `pids` are the host pids of its init and its launcher, for the job's cgroup; `network`
+    /// is the mode its seccomp program and namespace were built for.
+    Launcher {
+        sandbox: u64,
+        pids: Vec<i32>,
+        network: Network,
+    },
     /// A sandbox given to the engine ended before it got a job.
     LauncherGone { sandbox: u64 },
 }

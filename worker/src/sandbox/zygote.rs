@@ -14,13 +14,14 @@ use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
+use forkbox_queue::schema::Network;
 use nix::errno::Errno;
 use nix::sched::CloneFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::unistd::Pid;
 
 use super::hardening::Hardening;
-use super::netns::NetFactory;
+use super::netns::{NetFactory, NetNs};
 use super::sys::{self, Forked, SingleThreaded};
 use super::syscalls::{Host, Syscalls};
 use super::watchdog::Deadline;
@@ -54,7 +55,7 @@ pub fn main() -> ! {
     sys::exit_now(code)
 }
 
-fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening), SetupError> {
+fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, ByNetwork), SetupError> {
     // Every sandbox is a fork of this process.
     let one = SingleThreaded::check()
         .ok_or_else(|| SetupError::new("zygote: must be single-threaded"))?;
@@ -80,20 +81,48 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, Hardening),
     // The watchdog's kills should not queue behind the jobs it watches. Only possible with
     // privilege; sandboxes go back to the normal priority as their first step.
     let _ = sys::set_nice(ZYGOTE_NICE);
-    let hardening = Hardening {
-        seccomp: seccomp::compile()
-            .map_err(|e| SetupError::text("compile the seccomp policy", e))?,
-        last_capability: sys::last_capability(),
-    };
+    let hardening = ByNetwork::compile()?;
     // Before the first sandbox, so that every one of them is a fork of the warm interpreter.
     let python = cfg.python.as_ref().map(super::runtime::python::warm_up);
     let ready = FromZygote::Ready {
-        seccomp_instructions: hardening.seccomp.len(),
+        seccomp_instructions: hardening.get(cfg.network_default).seccomp.len(),
         python,
     };
     wire::send(control.as_fd(), &ready, &[])
         .map_err(|e| SetupError::errno("zygote: report ready", e))?;
     Ok((one, cfg, hardening))
+}
+
+/// What every sandbox of one network mode hardens itself with: the modes differ in the socket
+/// families their seccomp programs allow (`seccomp::socket_families`). Both are compiled once,
+/// before any sandbox exists.
+struct ByNetwork {
+    none: Hardening,
+    loopback: Hardening,
+}
+
+impl ByNetwork {
+    fn compile() -> Result<ByNetwork, SetupError> {
+        let last_capability = sys::last_capability();
+        let of = |network| -> Result<Hardening, SetupError> {
+            Ok(Hardening {
+                seccomp: seccomp::compile_for(network)
+                    .map_err(|e| SetupError::text("compile the seccomp policy", e))?,
+                last_capability,
+            })
+        };
+        Ok(ByNetwork {
+            none: of(Network::None)?,
+            loopback: of(Network::Loopback)?,
+        })
+    }
+
+    fn get(&self, network: Network) -> &Hardening {
+        match network {
+            Network::None => &self.none,
+            Network::Loopback => &self.loopback,
+        }
+    }
 }
 
 /// The zygote's own namespaces, made after its user namespace so that they are owned by it:
@@ -186,6 +215,10 @@ struct Sandbox {
     launcher: Option<i32>,
     /// What its processes had used when it was killed from outside (see `usage.rs`).
     used_at_kill: Option<sys::Usage>,
+    /// The network it was built for.
+    network: Network,
+    /// Its `none` network namespace, handed back to the factory once the sandbox is gone.
+    netns: Option<NetNs>,
 }
 
 impl Sandbox {
@@ -214,6 +247,7 @@ impl Sandbox {
 struct Request {
     req: u64,
     timeout_ms: u64,
+    network: Network,
     fds: Vec<OwnedFd>,
 }
 
@@ -222,14 +256,15 @@ struct Zygote {
     one: SingleThreaded,
     control: OwnedFd,
     cfg: ZygoteConfig,
-    hardening: Hardening,
+    hardening: ByNetwork,
     poll: Poll,
     sandboxes: HashMap<i32, Sandbox>,
     ready: VecDeque<i32>,
     next_id: u64,
     by_req: HashMap<u64, i32>,
     pending: VecDeque<Request>,
-    /// Makes each sandbox's network namespace (with `net_per_sandbox`).
+    /// Makes each sandbox's network namespace and keeps the free `none` ones (with
+    /// `net_per_sandbox`).
     net: NetFactory,
     /// The last warm-up failure: while set, sandboxes are only built on demand, so a broken
     /// host fails each job with the reason instead of spinning.
@@ -241,13 +276,13 @@ impl Zygote {
         one: SingleThreaded,
         control: OwnedFd,
         cfg: ZygoteConfig,
-        hardening: Hardening,
+        hardening: ByNetwork,
     ) -> Zygote {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).unwrap_or_else(|e| {
             eprintln!("forkbox zygote: epoll: {e}");
             sys::exit_now(1)
         });
-        let net = NetFactory::new().unwrap_or_else(|e| {
+        let net = NetFactory::new(cfg.pool).unwrap_or_else(|e| {
             eprintln!("forkbox zygote: {e}");
             sys::exit_now(1)
         });
@@ -350,10 +385,15 @@ impl Zygote {
             }
         };
         match msg.message {
-            ToZygote::Spawn { req, timeout_ms } => {
+            ToZygote::Spawn {
+                req,
+                timeout_ms,
+                network,
+            } => {
                 self.pending.push_back(Request {
                     req,
                     timeout_ms,
+                    network,
                     fds: msg.fds,
                 });
             }
@@ -446,11 +486,31 @@ impl Zygote {
         self.sandboxes.values().filter(|s| s.phase == phase).count()
     }
 
+    /// How many sandboxes built for `network` are in `phase`.
+    fn count_of(&self, phase: Phase, network: Network) -> usize {
+        self.sandboxes
+            .values()
+            .filter(|s| s.phase == phase && s.network == network)
+            .count()
+    }
+
+    /// How many jobs for `network` wait in the zygote's queue.
+    fn pending_of(&self, network: Network) -> usize {
+        self.pending.iter().filter(|r| r.network == network).count()
+    }
+
+    fn network_of(&self, pid: i32) -> Option<Network> {
+        self.sandboxes.get(&pid).map(|sb| sb.network)
+    }
+
     /// Gives a ready sandbox to the engine, which then hands it a job (after placing it in
     /// the job's cgroup, if any) without a trip through the zygote. Kept here instead while
     /// jobs wait in the zygote's own queue.
     fn hand_to_engine(&mut self, pid: i32) -> bool {
-        if !self.pending.is_empty() {
+        let Some(network) = self.network_of(pid) else {
+            return false;
+        };
+        if self.pending_of(network) > 0 {
             return false;
         }
         let Some(sb) = self.sandboxes.get_mut(&pid) else {
@@ -463,6 +523,7 @@ impl Zygote {
         let launcher = FromZygote::Launcher {
             sandbox: sb.id,
             pids: vec![pid, launcher],
+            network: sb.network,
         };
         if wire::send(self.control.as_fd(), &launcher, &[sb.sock.as_fd()]).is_err() {
             return false;
@@ -471,13 +532,22 @@ impl Zygote {
         true
     }
 
-    /// Hands pending jobs to ready sandboxes, then the sandboxes still ready to the engine.
+    /// Hands pending jobs to ready sandboxes built for their network, oldest first, then the
+    /// sandboxes still ready to the engine.
     fn dispatch(&mut self) {
-        while !self.pending.is_empty() {
-            let Some(pid) = self.ready.pop_front() else {
-                return;
+        loop {
+            // The oldest job for which a sandbox of its network is ready.
+            let found = self.pending.iter().enumerate().find_map(|(i, r)| {
+                self.ready
+                    .iter()
+                    .position(|pid| self.network_of(*pid) == Some(r.network))
+                    .map(|at| (i, at))
+            });
+            let Some((i, at)) = found else {
+                break;
             };
-            let request = self.pending.pop_front().expect("checked non-empty");
+            let pid = self.ready.remove(at).expect("found above");
+            let request = self.pending.remove(i).expect("found above");
             let (notify_r, notify_w) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
                 Ok(p) => p,
                 Err(e) => {
@@ -505,7 +575,7 @@ impl Zygote {
             .is_err()
             {
                 // That sandbox died while idle; its exit is handled by its pidfd. Try another.
-                self.pending.push_front(request);
+                self.pending.insert(i, request);
                 continue;
             }
             drop(fds);
@@ -524,7 +594,7 @@ impl Zygote {
                 );
             }
         }
-        // No job waits here any more: what is left ready goes to the engine.
+        // What is left ready and wanted by no job waiting here goes to the engine.
         for pid in std::mem::take(&mut self.ready) {
             if !self.hand_to_engine(pid) {
                 self.ready.push_back(pid);
@@ -532,13 +602,14 @@ impl Zygote {
         }
     }
 
-    /// Records a sandbox that could not be built and fails the oldest waiting job with the
-    /// reason (fail closed); false when no job was waiting.
-    fn fail_next_pending(&mut self, error: SetupError) -> bool {
+    /// Records a sandbox for `network` that could not be built and fails the oldest job
+    /// waiting for one with the reason (fail closed); false when no such job was waiting.
+    fn fail_next_pending(&mut self, network: Network, error: SetupError) -> bool {
         self.broken = Some(error.clone());
-        let Some(r) = self.pending.pop_front() else {
+        let Some(i) = self.pending.iter().position(|r| r.network == network) else {
             return false;
         };
+        let r = self.pending.remove(i).expect("found above");
         self.report(Exit {
             req: r.req,
             exit_ns: mono_ns(),
@@ -560,32 +631,50 @@ impl Zygote {
     /// Sandboxes given to the engine count as spares, but not for a job waiting here: the
     /// engine sent it here because it had none at that moment, and only the engine can use
     /// them, so counting them could leave the job waiting for ever.
+    ///
+    /// The pool is built for the node's default network; a job asking for the other one waits
+    /// here for a sandbox built for it (a sandbox's seccomp program, loaded before any job
+    /// exists, fixes its network).
     fn replenish(&mut self) {
+        let default = self.cfg.network_default;
         let running = self.count(Phase::Running);
-        let handed = self.count(Phase::Handed);
+        let handed = self.count_of(Phase::Handed, default);
         let free_slots = (self.cfg.pool - 1).saturating_sub(running).max(1);
-        if self.pending.is_empty() && running > 0 && self.ready.len() + handed >= free_slots {
+        let ready = |z: &Self, network| z.count_of(Phase::Ready, network);
+        if self.pending.is_empty() && running > 0 && ready(self, default) + handed >= free_slots {
             return;
         }
         loop {
-            let own = self.ready.len() + self.count(Phase::Warming);
+            let own = ready(self, default) + self.count_of(Phase::Warming, default);
+            let waiting = self.pending_of(default);
             let enough = if self.broken.is_some() {
-                own >= self.pending.len().min(1)
+                own >= waiting.min(1)
             } else {
-                own + handed >= self.cfg.pool && own >= self.pending.len()
+                own + handed >= self.cfg.pool && own >= waiting
             };
             if enough {
-                return;
+                break;
             }
-            if let Err(error) = self.clone_sandbox() {
-                if !self.fail_next_pending(error) {
+            if let Err(error) = self.clone_sandbox(default) {
+                if !self.fail_next_pending(default, error) {
+                    return;
+                }
+            }
+        }
+        let other = match default {
+            Network::None => Network::Loopback,
+            Network::Loopback => Network::None,
+        };
+        while ready(self, other) + self.count_of(Phase::Warming, other) < self.pending_of(other) {
+            if let Err(error) = self.clone_sandbox(other) {
+                if !self.fail_next_pending(other, error) {
                     return;
                 }
             }
         }
     }
 
-    fn clone_sandbox(&mut self) -> Result<(), SetupError> {
+    fn clone_sandbox(&mut self, network: Network) -> Result<(), SetupError> {
         let (ours, theirs) =
             wire::seqpacket_pair().map_err(|e| SetupError::errno("socketpair", e))?;
         wire::pass_credentials(&ours).map_err(|e| SetupError::errno("SO_PASSCRED", e))?;
@@ -597,7 +686,7 @@ impl Zygote {
         // The sandbox's network namespace is not created by the clone but by the zygote (see
         // `netns`), and entered around the clone so the child starts in it.
         let net = if self.cfg.net_per_sandbox {
-            Some(self.net.make()?)
+            Some(self.net.take(network)?)
         } else {
             None
         };
@@ -608,13 +697,14 @@ impl Zygote {
                 .clone_into_namespaces(flags)
                 .map_err(|e| SetupError::errno("clone sandbox namespaces", e)),
         };
-        // From here the sandbox's processes alone hold its namespace: it goes when they do.
-        drop(net);
+        // A loopback namespace is held by the sandbox's processes alone from here, and goes
+        // when they do; a `none` one comes back to the factory then.
+        let netns = net.filter(|_| network == Network::None);
         let (pid, pidfd) = match cloned {
             Err(e) => return Err(e),
             Ok(Forked::Child(one)) => {
                 drop(ours);
-                super::init::main(one, theirs, &self.cfg, &self.hardening)
+                super::init::main(one, theirs, &self.cfg, self.hardening.get(network))
             }
             Ok(Forked::Parent { pid, pidfd }) => (pid, pidfd.expect("clone3 returns a pidfd")),
         };
@@ -652,6 +742,8 @@ impl Zygote {
                 setup_error: None,
                 launcher: None,
                 used_at_kill: None,
+                network,
+                netns,
             },
         );
         Ok(())
@@ -768,6 +860,11 @@ impl Zygote {
             let _ = self.on_control();
         }
         let mut sb = self.sandboxes.remove(&pid).expect("present above");
+        // The init's exit is reported once every process of its pid namespace is gone, so
+        // only a socket in flight can still hold the namespace's state: checked there.
+        if let Some(ns) = sb.netns.take() {
+            self.net.give_back(ns);
+        }
         for (fd, source) in [
             (Some(sb.pidfd.as_fd()), Source::Exit(pid)),
             (Some(sb.sock.as_fd()), Source::InitSocket(pid)),
@@ -815,7 +912,7 @@ impl Zygote {
                 let error = sb
                     .setup_error
                     .unwrap_or_else(|| SetupError::new("sandbox init exited during set-up"));
-                self.fail_next_pending(error);
+                self.fail_next_pending(sb.network, error);
             }
             Phase::Ready | Phase::Handed => {
                 // It was built and then ended while it waited (killed from outside): nothing

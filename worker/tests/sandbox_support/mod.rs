@@ -40,6 +40,25 @@ pub fn emulated_guest() -> bool {
     std::env::var_os("FORKBOX_VM_GUEST").is_some_and(|v| v == "1")
 }
 
+/// The network the sandboxes of these suites get unless a test asks for one: the node's
+/// default (`none`), or `FORKBOX_NETWORK_DEFAULT` (which `forkbox` reads too), so that the
+/// isolation suites run in either mode.
+pub fn network_default() -> forkbox_queue::Network {
+    match std::env::var("FORKBOX_NETWORK_DEFAULT") {
+        Ok(v) => v.parse().expect("FORKBOX_NETWORK_DEFAULT"),
+        Err(_) => forkbox_queue::Network::default(),
+    }
+}
+
+/// The errno of a TCP connection to the host's Redis port from inside a sandbox of
+/// `network`: refused in a namespace of its own, never made without one.
+pub fn host_tcp_errno(network: forkbox_queue::Network) -> i32 {
+    match network {
+        forkbox_queue::Network::None => libc::EAFNOSUPPORT,
+        forkbox_queue::Network::Loopback => libc::ECONNREFUSED,
+    }
+}
+
 /// The identities this host lets us test; the root variant is skipped, and says so, when the
 /// tests do not run as root.
 pub fn identities() -> Vec<Identity> {

@@ -81,6 +81,7 @@ class AsyncForkbox:
         limits: Optional[Mapping[str, int]] = None,
         runtime: Optional[str] = None,
         output_mode: Optional[str] = None,
+        network: Optional[str] = None,
         id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
@@ -105,6 +106,7 @@ class AsyncForkbox:
             limits=limits,
             runtime=runtime,
             output_mode=output_mode,
+            network=network,
             id=id,
         )
         return await self._send(job, wait_timeout, on_output)

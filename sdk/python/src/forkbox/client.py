@@ -236,6 +236,7 @@ class Forkbox:
         limits: Optional[Mapping[str, int]] = None,
         runtime: Optional[str] = None,
         output_mode: Optional[str] = None,
+        network: Optional[str] = None,
         id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
@@ -268,6 +269,7 @@ class Forkbox:
             limits=limits,
             runtime=runtime,
             output_mode=output_mode,
+            network=network,
             id=id,
         )
         return self._send(job, wait_timeout, on_output)

@@ -18,6 +18,7 @@ __all__ = [
     "Data",
     "JOB_FIELDS",
     "LIMIT_FIELDS",
+    "NETWORKS",
     "build_job",
     "checked_keywords",
     "encode_data",
@@ -51,8 +52,13 @@ JOB_FIELDS = frozenset(
         "reply_to",
         "runtime",
         "output_mode",
+        "network",
     }
 )
+
+#: What a job's ``network`` may be: ``"none"`` (Unix sockets only; the node's default unless it
+#: says otherwise) or ``"loopback"`` (a network namespace of its own with ``lo`` up).
+NETWORKS = tuple(SCHEMA["networks"])
 
 #: Fields of a job's ``limits`` object; each is also a keyword of ``build_job``.
 LIMIT_FIELDS = ("memory_mb", "pids", "cpu_ms", "output_bytes", "disk_mb", "file_size_mb", "open_files")
@@ -197,6 +203,7 @@ def build_job(
     max_attempts: Optional[int] = None,
     reply_to: Optional[str] = None,
     runtime: Optional[str] = None,
+    network: Optional[str] = None,
     id: Optional[str] = None,
     output_mode: Optional[str] = None,
 ) -> Dict[str, Any]:
@@ -209,6 +216,8 @@ def build_job(
     ``output_mode="truncate"`` cuts output past ``output_bytes`` and lets the job run on (its exit
     code decides its status; ``stdout_truncated``/``stderr_truncated`` say what was cut); the
     default, ``"kill"``, stops it (``output_limit``).
+    ``network="loopback"`` gives the job a network namespace of its own with ``lo`` up; absent,
+    it gets the node's default, ``"none"`` unless the node says otherwise (Unix sockets only).
     """
     if cmd is not None and not isinstance(cmd, str):
         raise TypeError(f"cmd must be a shell string, got {type(cmd).__name__}; use argv=[...] for a list")
@@ -240,6 +249,7 @@ def build_job(
         "reply_to": reply_to,
         "runtime": runtime,
         "output_mode": output_mode,
+        "network": network,
     }
     return normalize_job(job)
 
@@ -322,6 +332,9 @@ def validate_job(job: Mapping[str, Any], max_job_bytes: Optional[int] = None) ->
         _relative(f"files.{path}", path)
     for i, pattern in enumerate(job.get("collect") or []):
         _relative(f"collect[{i}]", pattern)
+    network = job.get("network")
+    if network is not None and network not in NETWORKS:
+        raise JobRejected(f"network: unknown variant `{network}`, expected one of {', '.join(NETWORKS)}")
     cwd = job.get("cwd")
     if isinstance(cwd, str) and ".." in cwd.split("/"):
         raise JobRejected("cwd: must not contain '..'")

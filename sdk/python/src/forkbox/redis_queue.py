@@ -394,13 +394,14 @@ class Queue:
         reply_to: Optional[str] = None,
         runtime: Optional[str] = None,
         output_mode: Optional[str] = None,
+        network: Optional[str] = None,
         id: Optional[str] = None,
     ) -> str:
         """Enqueues one job and returns its id.
 
         Pass a v1 job object (``{"cmd": ..., "limits": {...}}``) or a shell string as ``job``,
         or the keywords of :meth:`forkbox.Forkbox.run` (plus ``batch``, ``result_ttl_s``,
-        ``max_attempts``, ``reply_to``, ``runtime``, ``output_mode``).
+        ``max_attempts``, ``reply_to``, ``runtime``, ``output_mode``, ``network``).
         """
         if job is not None:
             kw = dict(
@@ -408,7 +409,8 @@ class Queue:
                 cwd=cwd, collect=collect, memory_mb=memory_mb, pids=pids, cpu_ms=cpu_ms,
                 output_bytes=output_bytes, disk_mb=disk_mb, file_size_mb=file_size_mb,
                 open_files=open_files, limits=limits, batch=batch, result_ttl_s=result_ttl_s,
-                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime, output_mode=output_mode, id=id,
+                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime,
+                output_mode=output_mode, network=network, id=id,
             )  # fmt: skip
             extra = sorted(k for k, v in kw.items() if v is not None)
             if extra:
@@ -420,7 +422,8 @@ class Queue:
                 cwd=cwd, collect=collect, memory_mb=memory_mb, pids=pids, cpu_ms=cpu_ms,
                 output_bytes=output_bytes, disk_mb=disk_mb, file_size_mb=file_size_mb,
                 open_files=open_files, limits=limits, batch=batch, result_ttl_s=result_ttl_s,
-                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime, output_mode=output_mode, id=id,
+                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime,
+                output_mode=output_mode, network=network, id=id,
             )  # fmt: skip
         return self._enqueue([wire])[0]
 

@@ -111,6 +111,9 @@ struct Cpu {
     /// Every CPU's busy time over the runs: adds the kernel's deferred work (namespace
     /// clean-up, RCU callbacks in kernel threads) and anything else the machine ran.
     machine_us: f64,
+    /// The zygote's own share of `tree_us` (building sandboxes: their network namespaces, the
+    /// clone), without the processes it reaped; 0 for the baselines.
+    zygote_us: f64,
 }
 
 /// CPU seconds (user + system) counted so far for a run: the tree and the machine.
@@ -118,6 +121,7 @@ struct Cpu {
 struct CpuMark {
     tree_s: f64,
     machine_s: f64,
+    zygote_s: f64,
 }
 
 impl CpuMark {
@@ -134,19 +138,22 @@ impl CpuMark {
             .ok()
             .flatten()
             .unwrap_or(100) as f64;
-        let zygote_s = zygote
-            .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-            .map_or(0.0, |stat| {
-                // utime, stime, cutime, cstime: fields 14-17, the 12th-15th after the comm.
-                let after_comm = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
-                after_comm
-                    .split(' ')
-                    .skip(11)
-                    .take(4)
-                    .filter_map(|f| f.parse::<f64>().ok())
-                    .sum::<f64>()
-                    / tick
-            });
+        // utime, stime, cutime, cstime: fields 14-17, the 12th-15th after the comm.
+        let zygote_fields = |take: usize| {
+            zygote
+                .and_then(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
+                .map_or(0.0, |stat| {
+                    let after_comm = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+                    after_comm
+                        .split(' ')
+                        .skip(11)
+                        .take(take)
+                        .filter_map(|f| f.parse::<f64>().ok())
+                        .sum::<f64>()
+                        / tick
+                })
+        };
+        let (zygote_s, zygote_own_s) = (zygote_fields(4), zygote_fields(2));
         let machine_s = std::fs::read_to_string("/proc/stat")
             .ok()
             .and_then(|s| {
@@ -167,6 +174,7 @@ impl CpuMark {
         CpuMark {
             tree_s: secs(UsageWho::RUSAGE_SELF) + secs(UsageWho::RUSAGE_CHILDREN) + zygote_s,
             machine_s,
+            zygote_s: zygote_own_s,
         }
     }
 
@@ -175,6 +183,7 @@ impl CpuMark {
         Cpu {
             tree_us: per(self.tree_s, start.tree_s),
             machine_us: per(self.machine_s, start.machine_s),
+            zygote_us: per(self.zygote_s, start.zygote_s),
         }
     }
 }
