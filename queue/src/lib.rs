@@ -75,8 +75,7 @@ pub use redis_server::{
 };
 pub use schema::{
     EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Network, Outcome,
-    OutputMode,
-    Runtime, RuntimeUse, Status,
+    OutputMode, Runtime, RuntimeUse, Status,
 };
 
 /// Re-exported so users name the same redis-rs version as this crate.

@@ -386,7 +386,11 @@ impl RedisServer {
                     });
                 }
             }
-            if ping(self.port, self.options.password.as_deref(), self.options.tls.is_some()) {
+            if ping(
+                self.port,
+                self.options.password.as_deref(),
+                self.options.tls.is_some(),
+            ) {
                 return Ok(());
             }
             if Instant::now() >= deadline {

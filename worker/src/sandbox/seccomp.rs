@@ -523,12 +523,10 @@ pub fn verdict_for(network: Network, name: &str, args: &[u64; 6]) -> Option<i32>
             libc::ENOMEM,
         ),
         "personality" => refused(!PERSONAS.contains(&args[0]), libc::ENOSYS),
-        _ if SOCKET_CALLS.contains(&name) => {
-            refused(
-                !socket_families(network).contains(&args[0]),
-                libc::EAFNOSUPPORT,
-            )
-        }
+        _ if SOCKET_CALLS.contains(&name) => refused(
+            !socket_families(network).contains(&args[0]),
+            libc::EAFNOSUPPORT,
+        ),
         _ if ALLOWED.contains(&name) || ALLOWED_BY_NUMBER.iter().any(|&(n, _)| n == name) => None,
         // `UNAVAILABLE`, and every call not listed.
         _ => Some(libc::ENOSYS),
