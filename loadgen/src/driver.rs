@@ -130,22 +130,26 @@ pub enum Target {
 }
 
 impl Target {
-    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds).
-    pub fn open(redis: &str, cluster: bool) -> anyhow::Result<Target> {
+    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds,
+    /// to which every node the cluster names is added, so that connections reopen through
+    /// any node alive: see [`forkbox_queue::topology`]).
+    pub async fn open(redis: &str, cluster: bool) -> anyhow::Result<Target> {
         match Endpoint::parse(redis, cluster)? {
             Endpoint::Single(url) => Ok(Target::Single(
                 redis::Client::open(url.as_str()).with_context(|| format!("redis URL {url}"))?,
             )),
             Endpoint::Cluster(seeds) => Ok(Target::Cluster(
-                redis::cluster::ClusterClient::builder(seeds)
-                    .connection_timeout(CONNECT_TIMEOUT)
-                    .response_timeout(RESPONSE_TIMEOUT)
-                    .retries(10)
-                    .min_retry_wait(100)
-                    .max_retry_wait(2_000)
-                    .retry_wait_formula(100, 2)
-                    .build()
-                    .context("cluster seed URLs")?,
+                redis::cluster::ClusterClient::builder(
+                    forkbox_queue::topology::learn(&seeds).await,
+                )
+                .connection_timeout(CONNECT_TIMEOUT)
+                .response_timeout(RESPONSE_TIMEOUT)
+                .retries(10)
+                .min_retry_wait(100)
+                .max_retry_wait(2_000)
+                .retry_wait_formula(100, 2)
+                .build()
+                .context("cluster seed URLs")?,
             )),
         }
     }

@@ -522,7 +522,7 @@ async fn open_driver(
     t0: Instant,
     cancel: &watch::Receiver<bool>,
 ) -> anyhow::Result<(Driver, String)> {
-    let target = Target::open(redis_url, args.cluster)?;
+    let target = Target::open(redis_url, args.cluster).await?;
     let mut driver = Driver::new(
         target,
         &args.queue,

@@ -49,6 +49,7 @@ mod reply;
 mod results;
 pub mod schema;
 pub mod skip;
+pub mod topology;
 
 pub use admin::{
     glob_escape, live_workers, BatchStatus, ConsumerStats, DeadLetter, DlqSelection, Stats,

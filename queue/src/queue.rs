@@ -329,6 +329,7 @@ pub(crate) enum Opener {
     Cluster {
         /// For the dedicated blocking connections: a response may take as long as the block.
         blocking: ClusterClient,
+        /// The seeds, then every other node learnt at connect time.
         seeds: Vec<String>,
     },
 }
@@ -415,20 +416,25 @@ impl Broker {
     /// gives the slot map). The connection follows `MOVED` and `ASK` redirections and, when a
     /// node fails or a replica is promoted, reconnects and refreshes the slot map, retrying
     /// the command with back-off for a bounded time; calls made while no node serves a slot
-    /// fail with an error for which [`QueueError::is_connection`] is true.
+    /// fail with an error for which [`QueueError::is_connection`] is true. Every node the
+    /// cluster names at connect time is kept beside the seeds ([`crate::topology::learn`]):
+    /// new connections, blocking reads and the cancellation subscription open through any of
+    /// them that is alive, so the death of the node a seed names (its replica promoted) stops
+    /// nothing.
     pub async fn connect_cluster(seeds: &[String]) -> Result<Broker, QueueError> {
         let err = |source| QueueError::ConnectCluster {
             seeds: redact_all(&seeds.join(",")),
             source,
         };
-        let client = cluster_client(seeds, RESPONSE_TIMEOUT).map_err(err)?;
-        let blocking = cluster_client(seeds, CLUSTER_BLOCKING_RESPONSE_TIMEOUT).map_err(err)?;
+        let nodes = crate::topology::learn(seeds).await;
+        let client = cluster_client(&nodes, RESPONSE_TIMEOUT).map_err(err)?;
+        let blocking = cluster_client(&nodes, CLUSTER_BLOCKING_RESPONSE_TIMEOUT).map_err(err)?;
         let conn = client.get_async_connection().await.map_err(err)?;
         Ok(Broker {
             inner: Arc::new(BrokerInner {
                 opener: Opener::Cluster {
                     blocking,
-                    seeds: seeds.to_vec(),
+                    seeds: nodes,
                 },
                 conn: Connection::cluster(conn),
                 blocking: Mutex::new(Vec::new()),

@@ -78,8 +78,18 @@ impl RedisCluster {
     /// Starts `primaries` primaries with `replicas` replicas each (at least 3 primaries: the
     /// minimum `redis-cli --cluster create` accepts).
     pub fn start(primaries: usize, replicas: usize) -> Result<RedisCluster, RedisClusterError> {
+        RedisCluster::start_with(primaries, replicas, NODE_TIMEOUT_MS)
+    }
+
+    /// [`RedisCluster::start`] with another `cluster-node-timeout` (how long a node may be
+    /// unreachable before it counts as failed and its replica takes over).
+    pub fn start_with(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+    ) -> Result<RedisCluster, RedisClusterError> {
         let options = RedisServerOptions {
-            cluster_node_timeout_ms: Some(NODE_TIMEOUT_MS),
+            cluster_node_timeout_ms: Some(node_timeout_ms),
             temp_prefix: "forkbox-redis-cluster-".into(),
             ..RedisServerOptions::default()
         };
