@@ -550,26 +550,35 @@ impl Broker {
         let pooled = self.inner.blocking.lock().expect("pool lock").pop();
         let (mut conn, id) = match pooled {
             Some(mut conn) => match conn.client_id(key).await {
-                Ok(id) => (conn, id),
                 Err(e) if is_connection_error(&e) => {
                     let mut conn = self.open_dedicated().await?;
-                    let id = conn.client_id(key).await?;
+                    let id = conn.client_id(key).await;
                     (conn, id)
                 }
-                Err(e) => return Err(e),
+                id => (conn, id),
             },
             None => {
                 let mut conn = self.open_dedicated().await?;
-                let id = conn.client_id(key).await?;
+                let id = conn.client_id(key).await;
                 (conn, id)
             }
+        };
+        // A user whose ACL refuses `CLIENT ID` or `CLIENT UNBLOCK` still reads: its reads are
+        // not woken, only awaited to the end of their block time.
+        let id = match id {
+            Ok(id) => Some(id),
+            Err(e) if is_connection_error(&e) => return Err(e),
+            Err(_) => None,
         };
         let r = {
             let read = bounded(limit, conn.query(cmd));
             tokio::pin!(read);
             tokio::select! {
                 r = &mut read => r,
-                () = woken(wake) => self.unblock(id, key, read).await,
+                () = woken(wake) => match id {
+                    Some(id) => self.unblock(id, key, read).await,
+                    None => read.await,
+                },
             }
         };
         if !matches!(&r, Err(e) if is_connection_error(e)) {
@@ -591,7 +600,8 @@ impl Broker {
         unblock.arg("UNBLOCK").arg(id);
         loop {
             let ended: RedisResult<i64> = self.connection().query_in_slot_of(key, &unblock).await;
-            if matches!(ended, Ok(1)) {
+            // Ended, or refused for good (an ACL without `CLIENT UNBLOCK`): await the reply.
+            if matches!(&ended, Ok(1)) || matches!(&ended, Err(e) if !is_connection_error(e)) {
                 return read.await;
             }
             tokio::select! {
