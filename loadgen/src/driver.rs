@@ -130,13 +130,15 @@ pub enum Target {
 }
 
 impl Target {
-    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds),
-    /// with the TLS settings `tls` for `rediss://`.
-    pub fn open(redis: &str, cluster: bool, tls: &RedisTls) -> anyhow::Result<Target> {
+    /// The target named by `--redis` (with `--cluster`: one or more comma-separated seeds,
+    /// to which every node the cluster names is added, so that connections reopen through
+    /// any node alive: see [`forkbox_queue::topology`]), with the TLS settings `tls` for
+    /// `rediss://`.
+    pub async fn open(redis: &str, cluster: bool, tls: &RedisTls) -> anyhow::Result<Target> {
         match Endpoint::parse(redis, cluster)? {
             Endpoint::Single(url) => Ok(Target::Single(connect::redis_client(&url, tls)?)),
             Endpoint::Cluster(seeds) => Ok(Target::Cluster(connect::cluster_client(
-                &seeds,
+                &forkbox_queue::topology::learn(&seeds, tls).await,
                 tls,
                 |b| {
                     b.connection_timeout(CONNECT_TIMEOUT)

@@ -554,7 +554,7 @@ async fn open_driver(
     t0: Instant,
     cancel: &watch::Receiver<bool>,
 ) -> anyhow::Result<(Driver, String)> {
-    let target = Target::open(redis_url, args.cluster, &args.redis_tls())?;
+    let target = Target::open(redis_url, args.cluster, &args.redis_tls()).await?;
     let mut driver = Driver::new(
         target,
         &args.queue,

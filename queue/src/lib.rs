@@ -16,8 +16,9 @@
 //! 4. [`Queue::complete_many`] the finished ones (one round trip);
 //! 5. in the background: [`Queue::refresh_claims`] and [`Queue::heartbeat`] every third of the
 //!    visibility timeout, [`Queue::reclaim`] every half visibility timeout (and again at
-//!    once while [`Reclaimed::more`] says idle entries remain), and a [`CancelWatcher`]
-//!    feeding the local set of cancelled ids;
+//!    once while [`Reclaimed::more`] says idle entries remain), [`Queue::recover_stranded`]
+//!    as often as a read may take to answer (its own entries whose read reply was lost), and
+//!    a [`CancelWatcher`] feeding the local set of cancelled ids;
 //! 6. when it can no longer run jobs (its sandbox is gone): stop reading and
 //!    [`Queue::hand_back`] what it holds, for the others to take at once.
 //!
@@ -51,6 +52,7 @@ mod results;
 pub mod schema;
 pub mod skip;
 pub mod test_certs;
+pub mod topology;
 
 pub use admin::{
     glob_escape, live_workers, BatchStatus, ConsumerStats, DeadLetter, DlqSelection, Stats,

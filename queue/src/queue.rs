@@ -332,6 +332,7 @@ pub(crate) enum Opener {
     Cluster {
         /// For the dedicated blocking connections: a response may take as long as the block.
         blocking: ClusterClient,
+        /// The seeds, then every other node learnt at connect time.
         seeds: Vec<String>,
         tls: RedisTls,
     },
@@ -431,10 +432,14 @@ impl Broker {
     /// follows `MOVED` and `ASK` redirections and, when a node fails or a replica is promoted,
     /// reconnects and refreshes the slot map, retrying the command with back-off for a bounded
     /// time; calls made while no node serves a slot fail with an error for which
-    /// [`QueueError::is_connection`] is true.
+    /// [`QueueError::is_connection`] is true. Every node the cluster names at connect time is
+    /// kept beside the seeds ([`crate::topology::learn`]): new connections, blocking reads and
+    /// the cancellation subscription open through any of them that is alive, so the death of
+    /// the node a seed names (its replica promoted) stops nothing.
     pub async fn connect_cluster(seeds: &[String], tls: &RedisTls) -> Result<Broker, QueueError> {
-        let client = cluster_client(seeds, tls, RESPONSE_TIMEOUT)?;
-        let blocking = cluster_client(seeds, tls, CLUSTER_BLOCKING_RESPONSE_TIMEOUT)?;
+        let nodes = crate::topology::learn(seeds, tls).await;
+        let client = cluster_client(&nodes, tls, RESPONSE_TIMEOUT)?;
+        let blocking = cluster_client(&nodes, tls, CLUSTER_BLOCKING_RESPONSE_TIMEOUT)?;
         let conn =
             client
                 .get_async_connection()
@@ -447,7 +452,7 @@ impl Broker {
             inner: Arc::new(BrokerInner {
                 opener: Opener::Cluster {
                     blocking,
-                    seeds: seeds.to_vec(),
+                    seeds: nodes,
                     tls: tls.clone(),
                 },
                 conn: Connection::cluster(conn),
@@ -574,26 +579,35 @@ impl Broker {
         let pooled = self.inner.blocking.lock().expect("pool lock").pop();
         let (mut conn, id) = match pooled {
             Some(mut conn) => match conn.client_id(key).await {
-                Ok(id) => (conn, id),
                 Err(e) if is_connection_error(&e) => {
                     let mut conn = self.open_dedicated().await?;
-                    let id = conn.client_id(key).await?;
+                    let id = conn.client_id(key).await;
                     (conn, id)
                 }
-                Err(e) => return Err(e),
+                id => (conn, id),
             },
             None => {
                 let mut conn = self.open_dedicated().await?;
-                let id = conn.client_id(key).await?;
+                let id = conn.client_id(key).await;
                 (conn, id)
             }
+        };
+        // A user whose ACL refuses `CLIENT ID` or `CLIENT UNBLOCK` still reads: its reads are
+        // not woken, only awaited to the end of their block time.
+        let id = match id {
+            Ok(id) => Some(id),
+            Err(e) if is_connection_error(&e) => return Err(e),
+            Err(_) => None,
         };
         let r = {
             let read = bounded(limit, conn.query(cmd));
             tokio::pin!(read);
             tokio::select! {
                 r = &mut read => r,
-                () = woken(wake) => self.unblock(id, key, read).await,
+                () = woken(wake) => match id {
+                    Some(id) => self.unblock(id, key, read).await,
+                    None => read.await,
+                },
             }
         };
         if !matches!(&r, Err(e) if is_connection_error(e)) {
@@ -615,7 +629,8 @@ impl Broker {
         unblock.arg("UNBLOCK").arg(id);
         loop {
             let ended: RedisResult<i64> = self.connection().query_in_slot_of(key, &unblock).await;
-            if matches!(ended, Ok(1)) {
+            // Ended, or refused for good (an ACL without `CLIENT UNBLOCK`): await the reply.
+            if matches!(&ended, Ok(1)) || matches!(&ended, Err(e) if !is_connection_error(e)) {
                 return read.await;
             }
             tokio::select! {

@@ -80,7 +80,17 @@ impl RedisCluster {
     /// Starts `primaries` primaries with `replicas` replicas each (at least 3 primaries: the
     /// minimum `redis-cli --cluster create` accepts).
     pub fn start(primaries: usize, replicas: usize) -> Result<RedisCluster, RedisClusterError> {
-        RedisCluster::start_with(primaries, replicas, None)
+        RedisCluster::start_with(primaries, replicas, NODE_TIMEOUT_MS)
+    }
+
+    /// [`RedisCluster::start`] with another `cluster-node-timeout` (how long a node may be
+    /// unreachable before it counts as failed and its replica takes over).
+    pub fn start_with(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+    ) -> Result<RedisCluster, RedisClusterError> {
+        RedisCluster::start_nodes(primaries, replicas, node_timeout_ms, None)
     }
 
     /// [`RedisCluster::start`] with nodes that speak TLS only, to clients, to each other
@@ -90,12 +100,13 @@ impl RedisCluster {
         replicas: usize,
         tls: crate::ServerTls,
     ) -> Result<RedisCluster, RedisClusterError> {
-        RedisCluster::start_with(primaries, replicas, Some(tls))
+        RedisCluster::start_nodes(primaries, replicas, NODE_TIMEOUT_MS, Some(tls))
     }
 
-    fn start_with(
+    fn start_nodes(
         primaries: usize,
         replicas: usize,
+        node_timeout_ms: u64,
         tls: Option<crate::ServerTls>,
     ) -> Result<RedisCluster, RedisClusterError> {
         let cli_tls = match &tls {
@@ -111,7 +122,7 @@ impl RedisCluster {
             None => Vec::new(),
         };
         let options = RedisServerOptions {
-            cluster_node_timeout_ms: Some(NODE_TIMEOUT_MS),
+            cluster_node_timeout_ms: Some(node_timeout_ms),
             temp_prefix: "forkbox-redis-cluster-".into(),
             tls,
             ..RedisServerOptions::default()

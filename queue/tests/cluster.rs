@@ -543,3 +543,69 @@ async fn a_blocking_read_over_shards_returns_every_entry_redis_handed_out() {
         "entries handed out but never returned by a read"
     );
 }
+
+/// A client given one URL, that of the primary serving its queue, learns the whole cluster
+/// through it: once that primary is SIGKILLed and its replica promoted, every operation, a
+/// blocking read on a new connection and the cancellation subscription go on through the
+/// nodes alive (the client kept reconnecting to the dead address before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_given_one_url_outlives_that_node() {
+    let mut cluster = RedisCluster::start_with(3, 1, 2_000).expect("start a 3+3 cluster");
+    let all = cluster_broker(&cluster).await;
+    let probe = all.queue("named", QueueConfig::default()).unwrap();
+    let named = cluster.primary_of(slot_of(&probe)).unwrap();
+    let url = cluster.nodes()[named].url();
+    let broker = Broker::connect_to(&Endpoint::parse(&url, true).unwrap())
+        .await
+        .expect("connect through one node");
+    let q = broker.queue("named", QueueConfig::default()).unwrap();
+    q.ensure_group().await.unwrap();
+    let mut watcher = q.watch_cancellations();
+    let first = tokio::time::timeout(LIMIT, watcher.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(first, CancelEvent::Resynced(_)), "{first:?}");
+    // A blocking read's connection, pooled: the kill leaves it dead, and a new one is opened.
+    assert!(q.read("w", 1, 100).await.unwrap().is_empty());
+
+    cluster.kill_primary_of(slot_of(&q)).unwrap();
+    cluster.wait_failed_over(slot_of(&q)).unwrap();
+
+    // The cancellation follower subscribes again through a live node.
+    eventually(LIMIT, "a cancel after the failover", || {
+        let probe = probe.clone();
+        async move { probe.cancel("after-failover").await.ok() }
+    })
+    .await;
+    let heard = tokio::time::timeout(LIMIT, async {
+        loop {
+            match watcher.next().await {
+                Ok(CancelEvent::Cancelled(id)) if id == "after-failover" => return true,
+                Ok(CancelEvent::Resynced(ids)) if ids.iter().any(|i| i == "after-failover") => {
+                    return true
+                }
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the watcher hears of the cancel");
+    assert!(heard);
+    // Enqueue, a blocking read on a connection opened after the kill, completion.
+    let id = eventually(LIMIT, "an enqueue after the failover", || {
+        let q = q.clone();
+        async move { q.enqueue(&Job::shell("true")).await.ok() }
+    })
+    .await;
+    let got = eventually(LIMIT, "a blocking read after the failover", || {
+        let q = q.clone();
+        async move { q.read("w", 1, 500).await.ok().filter(|d| !d.is_empty()) }
+    })
+    .await;
+    assert_eq!(got[0].id, id);
+    q.complete(&got[0], &ok_result(&got[0], "", "w"))
+        .await
+        .unwrap();
+    assert!(q.result(&id).await.unwrap().is_some());
+}
