@@ -480,3 +480,41 @@ fn setpriv() -> Option<PathBuf> {
         .map(|d| Path::new(d).join("setpriv"))
         .find(|p| p.is_file())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_password_is_required_and_never_on_the_command_line() {
+        let password = random_password();
+        assert_eq!(password.len(), 64);
+        let server = RedisServer::start_with(RedisServerOptions {
+            password: Some(password.clone()),
+            ..RedisServerOptions::default()
+        })
+        .unwrap();
+        assert!(server.url().contains(&format!(":{password}@")));
+        let mode = std::fs::metadata(server.dir())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", server.pid().unwrap())).unwrap();
+        assert!(!String::from_utf8_lossy(&cmdline).contains(&password));
+        // Without the password: refused; with it: served.
+        let mut s = TcpStream::connect(("127.0.0.1", server.port())).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(b"GET k\r\n").unwrap();
+        let mut buf = [0u8; 64];
+        let n = s.read(&mut buf).unwrap();
+        assert!(
+            buf[..n].starts_with(b"-NOAUTH"),
+            "{:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        assert!(ping(server.port(), Some(&password), false));
+        assert!(!ping(server.port(), Some("wrong"), false));
+    }
+}

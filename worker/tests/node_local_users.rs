@@ -99,3 +99,34 @@ async fn half_sent_requests_on_the_metrics_port_cost_no_job() {
     let (code, body) = http_get(metrics, "/healthz");
     assert_eq!((code, body.as_str()), (200, "ok\n"));
 }
+
+#[test]
+fn healthz_fails_while_the_node_is_short_of_descriptors() {
+    if !have("/usr/bin/prlimit") {
+        forkbox_queue::skip::skipped("no prlimit (util-linux) to give the worker few descriptors");
+        return;
+    }
+    // 80 descriptors: the node starts and serves, but has fewer than the 64 it keeps free
+    // for setting up jobs.
+    let server = start_redis();
+    let mut w = WorkerProc::start_under(
+        &["prlimit", "--nofile=80:80", "--"],
+        &server.url(),
+        "short",
+        &[
+            "--queues",
+            &format!("short-{}", std::process::id()),
+            "--slots",
+            "1",
+        ],
+    );
+    let metrics = w.metrics_addr();
+    w.wait_ready();
+    let (code, body) = http_get(metrics, "/healthz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.starts_with("out of descriptors: ")
+            && body.contains(" of 80 open, fewer than 64 left"),
+        "{body}"
+    );
+}

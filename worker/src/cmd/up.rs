@@ -31,7 +31,7 @@ use forkbox::node::config::{self, NodeConfig};
 use forkbox::node::{Node, StopHandle, StopLevel};
 
 use super::opts::{start_engine, RedisTlsOpts, SandboxOpts};
-use super::terminal::for_stdout;
+use super::terminal::{for_stderr, for_stdout};
 use super::{init_logging, runtime};
 
 #[derive(Debug, Args)]
@@ -175,7 +175,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
                 r = demo(&redis_url, &redis_tls, &queue) => match r {
                     Ok(c) => code = c,
                     Err(e) => {
-                        eprintln!("forkbox up --demo: {e:#}");
+                        eprintln!("forkbox up --demo: {}", for_stderr(&format!("{e:#}")));
                         code = ExitCode::from(1);
                     }
                 },

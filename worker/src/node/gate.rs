@@ -87,7 +87,8 @@ impl Gate {
         Some(Place { _permit: permit })
     }
 
-    /// The next connection within the limit. Connections over it are closed as they arrive;
+    /// The next connection of an HTTP listener within the limit. Connections over it are
+    /// answered 503 and closed as they arrive;
     /// an accept that fails (EMFILE and the like) is retried after a pause instead of spinning.
     pub async fn accept(&self, listener: &TcpListener) -> Admitted {
         loop {

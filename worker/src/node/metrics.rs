@@ -188,7 +188,7 @@ impl NodeStatus {
             return (
                 503,
                 format!(
-                    "out of descriptors: {} of {} open, fewer than {} left for setting up                      jobs\n",
+                    "out of descriptors: {} of {} open, fewer than {} left for setting up jobs\n",
                     d.open,
                     d.limit,
                     d.reserve()
@@ -373,9 +373,9 @@ mod tests {
             limit: 4096,
         }));
         assert_eq!(code, 503);
-        assert!(
-            text.contains("out of descriptors: 4000 of 4096 open"),
-            "{text}"
+        assert_eq!(
+            text,
+            "out of descriptors: 4000 of 4096 open, fewer than 256 left for setting up jobs\n"
         );
         s.resource_fault("memfd: EMFILE: Too many open files");
         let (code, text) = s.health_with(Some(plenty));
