@@ -827,6 +827,17 @@ fn check_relative(field: &str, path: &str) -> Result<(), JobError> {
     Ok(())
 }
 
+/// What bounded a job's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemoryBound {
+    /// The job's cgroup: `memory.max` over everything it made resident.
+    Cgroup,
+    /// Without cgroups: one budget over the sandbox's processes kept by its init (anonymous
+    /// and shared memory, page tables), with `RLIMIT_DATA` per process.
+    SandboxBudget,
+}
+
 /// How a job ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -915,6 +926,9 @@ pub struct Outcome {
     pub spawn_us: u64,
     pub cpu_ms: u64,
     pub max_rss_kb: u64,
+    /// What bounded the job's memory (absent for a job that never ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bound_by: Option<MemoryBound>,
     /// Files matched by `collect`.
     #[serde(default)]
     pub files: BTreeMap<String, FileData>,
@@ -949,6 +963,7 @@ impl Outcome {
             spawn_us: 0,
             cpu_ms: 0,
             max_rss_kb: 0,
+            memory_bound_by: None,
             files: BTreeMap::new(),
             files_truncated: Vec::new(),
             watchdog_overshoot_us: None,

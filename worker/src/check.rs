@@ -132,7 +132,8 @@ pub fn delegation_hints() -> Vec<String> {
          (\"Why Delegate=yes\")"
             .into(),
         "hint  without cgroups: memory is one budget per sandbox kept by its init from /proc \
-         every 10 to 100 ms (a job filling memory fast overshoots by up to about 80 MiB), plus \
+         every 10 to 100 ms (a job filling memory fast overshoots by what it fills between two \
+         checks and while the init waits for a CPU), plus \
          RLIMIT_DATA per process (the address space V8, the JVM, Go and BEAM only reserve is \
          not counted, so they start); socket and pipe buffers are counted by neither, and \
          an out-of-memory end inside one process is only reported as memory_limit when the \

@@ -963,8 +963,16 @@ fn memory_outside_the_data_rlimit_stays_within_the_limit() {
                 continue;
             }
             assert_eq!(ran.status(), "memory_limit", "{who:?} {how}: {}", ran.json);
-            // Stopped near the limit: one check's worth of filling past it at most.
-            assert!(touched <= 256, "{who:?} {how}: {touched} MiB touched");
+            assert!(
+                ["cgroup", "sandbox_budget"]
+                    .contains(&ran.json["memory_bound_by"].as_str().unwrap_or("")),
+                "{who:?} {how}: {}",
+                ran.json
+            );
+            // Stopped near the limit: what the job fills between two checks and while the init
+            // waits for a CPU (up to 144 MiB past 128 MiB measured on 2 cores at a load of 27;
+            // each way took 1 GiB or more before).
+            assert!(touched <= 512, "{who:?} {how}: {touched} MiB touched");
             let peak_kb = ran.json["max_rss_kb"].as_u64().unwrap();
             assert!(peak_kb >= 128 * 1024, "{who:?} {how}: peak {peak_kb} KiB");
         }

@@ -15,7 +15,9 @@
 //! A check costs two reads per live process, so it is made only as often as the budget could
 //! run out: no faster than [`FILL_BYTES_PER_S`] from the last sum, at least [`MIN_CHECK`] and
 //! at most [`MAX_CHECK`] after the last. A job that fills memory at that rate is stopped at
-//! most `MIN_CHECK × FILL_BYTES_PER_S` (80 MiB) past its limit, plus the init's wake-up delay.
+//! most `MIN_CHECK × FILL_BYTES_PER_S` (80 MiB) past its limit, plus what it fills while the
+//! init waits for a CPU (on a loaded host, more: 144 MiB of page tables past 128 MiB was
+//! measured on 2 cores at a load average of 27).
 //! The seccomp policy refuses the direct ways to the first two kinds (`MAP_GROWSDOWN`, and
 //! `MAP_SHARED` with `MAP_ANONYMOUS`), so what is left for this budget to catch is the
 //! indirect ones.

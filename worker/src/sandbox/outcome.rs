@@ -9,7 +9,7 @@
 //! (`error`).
 
 use forkbox_queue::schema::{
-    Outcome, OutputMode, RuntimeUse, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT,
+    MemoryBound, Outcome, OutputMode, RuntimeUse, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT,
 };
 
 use super::cgroup::Accounting;
@@ -138,6 +138,10 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
             .unwrap_or(cpu_us)
             / 1000,
         max_rss_kb: accounting.and_then(|a| a.memory_peak_kb).unwrap_or(rss_kb),
+        memory_bound_by: Some(match terms.memory {
+            MemoryEnforcement::Cgroup => MemoryBound::Cgroup,
+            MemoryEnforcement::DataRlimit => MemoryBound::SandboxBudget,
+        }),
         files: Default::default(),
         files_truncated: Vec::new(),
         watchdog_overshoot_us: exit.overshoot_ns.map(|ns| ns / 1000),
@@ -679,6 +683,14 @@ mod tests {
             terms(),
         );
         assert_eq!((o.duration_ms, o.cpu_ms, o.max_rss_kb), (2.0, 3, 10));
+        // Every outcome of a job that ran says what bounded its memory.
+        assert_eq!(o.memory_bound_by, Some(MemoryBound::Cgroup));
+        let fallback = Terms {
+            memory: MemoryEnforcement::DataRlimit,
+            ..terms()
+        };
+        let o = fold(seen.clone(), fallback);
+        assert_eq!(o.memory_bound_by, Some(MemoryBound::SandboxBudget));
     }
 
     #[test]

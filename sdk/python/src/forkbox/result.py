@@ -76,6 +76,8 @@ class Result:
     signal: Optional[int] = None
     cpu_ms: int = 0
     max_rss_kb: int = 0
+    #: What bounded the job's memory: ``"cgroup"`` or ``"sandbox_budget"`` (None if it never ran).
+    memory_bound_by: Optional[str] = None
     files: Dict[str, bytes] = field(default_factory=dict)
     error: Optional[str] = None
     attempt: Optional[int] = None
@@ -138,6 +140,7 @@ class Result:
             signal=_get(d, "signal", int, None),
             cpu_ms=_get(d, "cpu_ms", int, 0),
             max_rss_kb=_get(d, "max_rss_kb", int, 0),
+            memory_bound_by=_get(d, "memory_bound_by", str, None),
             files=files,
             error=error,
             attempt=_get(d, "attempt", int, None),
