@@ -193,6 +193,10 @@ async fn malformed_entries_are_dead_lettered_with_their_reason() {
             Some(br#"{"id":"m-3","cmd":"true","colour":"red"}"#.to_vec()),
             "unknown field `colour`",
         ),
+        (
+            Some(br#"{"id":"m-4","cmd":"true","network":"host"}"#.to_vec()),
+            "network: unknown variant `host`",
+        ),
         (Some(big.into_bytes()), "4096"),
     ];
     let mut entries = Vec::new();
@@ -261,4 +265,42 @@ async fn malformed_entries_are_dead_lettered_with_their_reason() {
     let invalid = [("queue", "default"), ("status", "invalid")];
     metric_reaches(metrics, "forkbox_jobs_total", &invalid, n);
     assert!(worker.try_wait().is_none(), "the worker is still running");
+}
+
+/// A job has no network unless it asks for one, and one that asks for loopback gets it, from a
+/// node whose ready sandboxes are built for the default.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_gets_a_loopback_network_only_when_it_asks_for_one() {
+    let server = start_redis();
+    let url = server.url();
+    let mut worker = WorkerProc::start(&url, "net-worker", &["--slots", "2"]);
+    worker.wait_ready();
+    let q = queue(&url, "default").await;
+    let program = "import socket\n\
+        try:\n    s = socket.create_server(('127.0.0.1', 0)); print('served')\n\
+        except OSError as e:\n    print('errno', e.errno)";
+    let job = |network| forkbox_queue::Job {
+        network,
+        ..forkbox_queue::Job::argv(["python3", "-c", program])
+    };
+    for (network, want) in [
+        (None, format!("errno {}\n", libc::EAFNOSUPPORT)),
+        (
+            Some(forkbox_queue::Network::Loopback),
+            "served\n".to_owned(),
+        ),
+        (
+            Some(forkbox_queue::Network::None),
+            format!("errno {}\n", libc::EAFNOSUPPORT),
+        ),
+    ] {
+        let id = q.enqueue(&job(network)).await.unwrap();
+        let r = q
+            .wait_result(&id, Duration::from_secs(60))
+            .await
+            .unwrap()
+            .expect("a result");
+        assert_eq!(r.outcome.status, forkbox_queue::Status::Ok, "{network:?}");
+        assert_eq!(r.outcome.stdout, want, "{network:?}: {}", r.outcome.stderr);
+    }
 }

@@ -10,8 +10,8 @@ use forkbox_queue::schema::{FileData, Job, Limits, Network};
 use serde::Deserialize;
 
 /// Options shared by every command that builds an engine. A worker's `--config` file may set
-/// `python_preload` and the job maximums too (the root and network flags are the command
-/// line's alone).
+/// `network_default`, `python_preload` and the job maximums too (the root flags and
+/// `--shared-net` are the command line's alone).
 ///
 /// The job maximums: a job asking for more is `invalid`, its error naming the field and the
 /// maximum. Unset, they keep the built-in maximums (`JobCeilings::default`).
@@ -93,7 +93,8 @@ pub struct SandboxOpts {
 }
 
 impl SandboxOpts {
-    /// These options where given, else `file`'s (the root and network flags have no file keys).
+    /// These options where given, else `file`'s (the root flags and `--shared-net` have no file
+    /// keys).
     pub fn over(self, file: SandboxOpts) -> SandboxOpts {
         let SandboxOpts {
             rootfs: _,
