@@ -104,10 +104,29 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // As coreutils end when a reader stops reading (`forkbox batch results B | head`):
+        // quietly, with the status a shell shows for SIGPIPE.
+        Err(e) if e.downcast_ref::<StdoutClosed>().is_some() => {
+            ExitCode::from(128 + libc::SIGPIPE as u8)
+        }
         Err(e) => {
             eprintln!("forkbox: {}", describe(&e));
             ExitCode::from(EXIT_SANDBOX_ERROR as u8)
         }
+    }
+}
+
+/// Standard output was closed by its reader.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output closed")]
+pub struct StdoutClosed;
+
+/// A failed write to standard output as an error: [`StdoutClosed`] when its reader is gone.
+pub fn stdout_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        StdoutClosed.into()
+    } else {
+        anyhow::Error::new(e).context("writing to standard output")
     }
 }
 
