@@ -12,6 +12,7 @@ mod bench;
 mod check;
 mod client;
 mod daemon;
+mod daemon_client;
 mod opts;
 mod run;
 mod settings;
@@ -30,7 +31,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one job in a sandbox and exit with its exit code (124 on timeout, 128+N when killed
-    /// by signal N, 125 when the sandbox itself failed).
+    /// by signal N, 125 when the sandbox itself failed). When a `forkbox daemon` of this user
+    /// (or root's) is running, the job goes to it and starts in one of its warm sandboxes
+    /// (`--no-daemon` starts a zygote of this command's own).
     Run(run::RunCmd),
     /// Report what this host supports and how each limit is enforced; exits non-zero when no
     /// sandbox can be made here.
