@@ -111,6 +111,20 @@ impl Queue {
             })
     }
 
+    /// Removes `worker`'s heartbeat: a worker that stopped cleanly is not shown alive until
+    /// the key would have expired.
+    pub async fn remove_heartbeat(&self, worker: &str) -> Result<(), QueueError> {
+        redis::cmd("DEL")
+            .arg(self.keys.worker(worker))
+            .query_async::<()>(&mut self.conn())
+            .await
+            .map_err(|source| QueueError::Heartbeat {
+                queue: self.name().to_owned(),
+                worker: worker.to_owned(),
+                source,
+            })
+    }
+
     /// Whether `worker`'s heartbeat is live.
     pub async fn is_alive(&self, worker: &str) -> Result<bool, QueueError> {
         redis::cmd("EXISTS")

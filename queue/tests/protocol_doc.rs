@@ -392,3 +392,26 @@ async fn the_partitioned_example_runs_in_redis_cli_c() {
         Some("hello-p1".to_owned())
     );
 }
+
+/// The README shows a `jobs.jsonl` line of each kind (`cmd`, `argv` with `runtime`, `files`),
+/// each a valid job.
+#[test]
+fn the_readme_shows_a_jobs_jsonl_line_of_each_kind() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
+    let readme = std::fs::read_to_string(path).expect("README.md");
+    let jobs: Vec<Job> = blocks(&readme, "jsonl")
+        .iter()
+        .flat_map(|b| b.lines().map(str::to_owned).collect::<Vec<_>>())
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let job: Job = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            job.validate().unwrap_or_else(|e| panic!("{l}: {e}"));
+            job
+        })
+        .collect();
+    assert!(jobs.iter().any(|j| j.cmd.is_some() && j.files.is_empty()));
+    assert!(jobs.iter().any(|j| j.argv.is_some() && j.runtime.is_some()));
+    assert!(jobs
+        .iter()
+        .any(|j| !j.files.is_empty() && !j.collect.is_empty()));
+}

@@ -51,6 +51,11 @@ async fn sigterm_lets_running_jobs_finish_then_exits_zero() {
         assert_eq!(r.outcome.stdout, "finished\n");
     }
     assert_eq!(q.stats().await.unwrap().pending, 0);
+    // A clean stop is not shown alive until the heartbeat would have expired.
+    assert!(
+        !q.is_alive(&w.name).await.unwrap(),
+        "heartbeat left after a clean stop"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

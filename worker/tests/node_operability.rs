@@ -139,6 +139,67 @@ async fn cancel_says_where_the_job_is_and_cancels_ahead_only_when_asked() {
     assert!(q.is_cancelled("future-2").await.unwrap());
 }
 
+/// `batch results | head` ends quietly when its reader goes, as coreutils do, and Ctrl-C in
+/// `batch wait` says how to resume the wait.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_closed_pipe_ends_results_quietly_and_an_interrupted_wait_says_how_to_resume() {
+    let server = start_redis();
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: String = (0..50)
+        .map(|i| format!("{{\"cmd\":\"echo {i}\"}}\n"))
+        .collect();
+    let file = write_file(dir.path(), "jobs.jsonl", &jobs);
+    let out = forkbox(&[
+        "batch", "submit", "--redis", &url, "-q", "idleq", &file, "--batch", "b2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let mut child = Command::new(BIN)
+        .args(["batch", "results", "--redis", &url, "-q", "idleq", "b2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The reader is gone before the first line is written.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGPIPE),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        text(&out.stderr),
+        "",
+        "a closed pipe is not an error to report"
+    );
+
+    // Nobody serves idleq: the wait runs until interrupted.
+    let child = Command::new(BIN)
+        .args(["batch", "wait", "--redis", &url, "-q", "idleq", "b2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains(&format!("forkbox batch wait b2 --redis '{url}' -q idleq")),
+        "{err}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn batch_results_are_joined_to_their_input_lines() {
     let server = start_redis();
@@ -201,6 +262,23 @@ async fn batch_results_are_joined_to_their_input_lines() {
         "60",
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // A pipeline gates on it: one job failed.
+    let out = forkbox(&[
+        "batch",
+        "wait",
+        "--redis",
+        &url,
+        "-q",
+        "evalq",
+        "b1",
+        "--fail-on-error",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("failed 1"),
+        "{}",
+        text(&out.stdout)
+    );
 
     let out = forkbox(&[
         "batch", "results", "--redis", &url, "-q", "evalq", "b1", "--jsonl",

@@ -5,6 +5,7 @@ Redis URL from $FORKBOX_REDIS_URL, and a Timeout that says when no worker serves
 from __future__ import annotations
 
 import uuid
+import warnings
 
 import pytest
 import redis
@@ -108,3 +109,25 @@ def test_cancel_of_an_unknown_id_cancels_nothing_unless_ahead(redis_url: str) ->
     assert q.cancel("future-3", ahead=True, lifetime_s=0) == "ahead"
     q.submit(cmd="true", id="future-3")
     assert r.zscore(cancelled, "future-3") is None
+
+
+def test_a_wait_on_an_unserved_queue_warns_once(redis_url: str) -> None:
+    q = _unserved(redis_url)
+    job_id = q.submit(cmd="true")
+    with pytest.warns(RuntimeWarning, match=f"no worker is serving queue '{q.name}'"):
+        with pytest.raises(Timeout):
+            q.result(job_id, timeout=0.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(Timeout):
+            q.result(job_id, timeout=0.2)  # said once per queue
+    other = _unserved(redis_url)
+    with pytest.warns(RuntimeWarning, match="no worker is serving queue"):
+        with pytest.raises(Timeout):
+            list(other.map(["true"], timeout=0.3))
+
+
+def test_a_wait_on_a_served_queue_does_not_warn(worker: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Queue(worker).map(["echo hi"], timeout=60).__next__().stdout == "hi\n"

@@ -48,3 +48,13 @@ _report: List[str] = []
 
 def _collect(s: str) -> None:
     _report.append(s)
+
+
+
+def test_the_readmes_name_no_redis_port_for_the_sdk() -> None:
+    """`forkbox up --own-redis` picks a free port: a snippet with 6379 in it would not reach it."""
+    sdk = (SDK_DIR / "README.md").read_text()
+    top = (SDK_DIR.parents[1] / "README.md").read_text()
+    top_python = [block.split("```")[0] for block in top.split("```python")[1:]]
+    for text in [sdk] + top_python:
+        assert "6379" not in text, text

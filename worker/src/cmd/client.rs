@@ -103,7 +103,9 @@ pub enum BatchCommand {
     /// and records which line became which job id (see `batch results`, `--ids-out`).
     /// Any bad line is reported with its number, nothing is enqueued, and the exit code is 65.
     Submit(BatchSubmitArgs),
-    /// Wait for a batch with a progress bar, then print a summary by status.
+    /// Wait for a batch with a progress bar, then print a summary by status. Exit status: 0
+    /// when it finished, 1 after --timeout, 2 with --fail-on-error when some job did not end
+    /// ok, 130 on Ctrl-C (which prints the command that resumes the wait).
     Wait(BatchWaitArgs),
     /// Every result of a batch (or those with --status), joined to its input line and id.
     Results(BatchResultsArgs),
@@ -154,7 +156,17 @@ pub struct BatchWaitArgs {
     /// Print the final counters as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Exit 2 when the batch finished with any job not `ok` (failed, timed out, killed at a
+    /// limit, dead-lettered...), so a pipeline can gate on it; without it a finished batch
+    /// exits 0 whatever its results.
+    #[arg(long)]
+    pub fail_on_error: bool,
 }
+
+/// Exit code of `batch wait --fail-on-error` when some job did not end `ok`.
+pub const EXIT_BATCH_NOT_OK: u8 = 2;
+/// Exit code of `batch wait` interrupted by Ctrl-C (128 + SIGINT, as a shell reports it).
+pub const EXIT_INTERRUPTED: u8 = 130;
 
 #[derive(Debug, Args)]
 pub struct StatsArgs {
@@ -597,7 +609,8 @@ pub async fn batch_results(args: BatchResultsArgs) -> anyhow::Result<ExitCode> {
             out,
             "{:>6}  {:<40} {:<12} {:>4}",
             "LINE", "ID", "STATUS", "EXIT"
-        )?;
+        )
+        .map_err(super::stdout_error)?;
     }
     let mut unfinished = 0usize;
     // A page of results at a time, printed as it arrives: a large batch is streamed.
@@ -611,17 +624,18 @@ pub async fn batch_results(args: BatchResultsArgs) -> anyhow::Result<ExitCode> {
             }
             if args.jsonl {
                 let v = serde_json::json!({"line": line, "id": id, "result": result});
-                writeln!(out, "{}", for_stdout(&v.to_string()))?;
+                writeln!(out, "{}", for_stdout(&v.to_string())).map_err(super::stdout_error)?;
             } else {
                 let (status, exit) = match result {
                     Some(r) => (r.outcome.status.as_str(), r.outcome.exit_code.to_string()),
                     None => ("unfinished", "-".to_owned()),
                 };
                 let id = for_stdout(id);
-                writeln!(out, "{line:>6}  {id:<40} {status:<12} {exit:>4}")?;
+                writeln!(out, "{line:>6}  {id:<40} {status:<12} {exit:>4}")
+                    .map_err(super::stdout_error)?;
             }
         }
-        out.flush()?;
+        out.flush().map_err(super::stdout_error)?;
     }
     if unfinished > 0 {
         eprintln!(
@@ -647,6 +661,9 @@ fn summary(status: &forkbox_queue::BatchStatus) -> String {
 }
 
 pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
+    // Taken over at once, so Ctrl-C from here on says how to resume rather than kill us.
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("handling SIGINT")?;
     let q = open_existing(&args.client).await?;
     let deadline = args
         .timeout
@@ -662,16 +679,22 @@ pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
     let bar = indicatif::ProgressBar::new(status.total);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {per_sec} {msg}",
+            "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {msg}",
         )
         .expect("a valid template")
         .progress_chars("=> "),
     );
+    let rate = ResultRate::new(status.done, Instant::now());
     loop {
         bar.set_length(status.total);
         bar.set_position(status.done.min(status.total));
         // Drawn on standard error; the statuses are Redis's hash fields.
-        bar.set_message(for_stderr(&summary(&status)).into_owned());
+        let per_s = rate.per_s(status.done, Instant::now());
+        let text = match per_s {
+            Some(r) => format!("{} {}", show_rate(r), summary(&status)),
+            None => summary(&status),
+        };
+        bar.set_message(for_stderr(&text).into_owned());
         if status.is_complete() {
             break;
         }
@@ -687,7 +710,22 @@ pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
             eprintln!("{}", for_stderr(&note));
             return Ok(ExitCode::from(1));
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = interrupt.recv() => {
+                bar.abandon();
+                eprintln!(
+                    "batch {}: {}/{} done when interrupted ({}); the jobs go on. Resume the \
+                     wait with:\n  {}",
+                    args.batch,
+                    status.done,
+                    status.total,
+                    summary(&status),
+                    resume_command(&args)
+                );
+                return Ok(ExitCode::from(EXIT_INTERRUPTED));
+            }
+        }
         status = q.batch_status(&args.batch).await?;
     }
     bar.finish_and_clear();
@@ -707,7 +745,68 @@ pub async fn batch_wait(args: BatchWaitArgs) -> anyhow::Result<ExitCode> {
         );
         println!("{}", for_stdout(&line));
     }
+    let not_ok = status
+        .by_status
+        .iter()
+        .any(|(s, n)| s.as_str() != "ok" && *n > 0);
+    if args.fail_on_error && not_ok {
+        return Ok(ExitCode::from(EXIT_BATCH_NOT_OK));
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The rate at which a batch's results arrive while it is watched: results since the wait
+/// began over the time since then (what came before the wait is no rate of ours to show).
+#[derive(Debug, Clone, Copy)]
+struct ResultRate {
+    done_at_start: u64,
+    start: Instant,
+}
+
+impl ResultRate {
+    fn new(done: u64, now: Instant) -> ResultRate {
+        ResultRate {
+            done_at_start: done,
+            start: now,
+        }
+    }
+
+    /// Results a second, once there is a second of them to go by.
+    fn per_s(&self, done: u64, now: Instant) -> Option<f64> {
+        let secs = now.duration_since(self.start).as_secs_f64();
+        (secs >= 1.0).then(|| done.saturating_sub(self.done_at_start) as f64 / secs)
+    }
+}
+
+/// A rate, rounded: whole results a second, one decimal below ten.
+fn show_rate(per_s: f64) -> String {
+    if per_s >= 10.0 {
+        format!("{per_s:.0}/s")
+    } else {
+        format!("{per_s:.1}/s")
+    }
+}
+
+/// The command that waits for the same batch again.
+fn resume_command(args: &BatchWaitArgs) -> String {
+    let c = &args.client;
+    let mut cmd = format!("forkbox batch wait {}", args.batch);
+    if c.redis != config::DEFAULT_REDIS_URL {
+        cmd += &format!(" --redis '{}'", redact(&c.redis));
+    }
+    if c.cluster {
+        cmd += " --cluster";
+    }
+    if c.queue != config::DEFAULT_QUEUE {
+        cmd += &format!(" -q {}", c.queue);
+    }
+    if c.partitions != 1 {
+        cmd += &format!(" --partitions {}", c.partitions);
+    }
+    if args.fail_on_error {
+        cmd += " --fail-on-error";
+    }
+    cmd
 }
 
 pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
@@ -876,6 +975,18 @@ pub async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rate_is_of_results_since_the_wait_began_rounded() {
+        let t0 = Instant::now();
+        // 500 results were in before the wait: 10 more in 5 s is 2/s, not 102/s.
+        let rate = ResultRate::new(500, t0);
+        assert_eq!(rate.per_s(500, t0 + Duration::from_millis(300)), None);
+        let r = rate.per_s(510, t0 + Duration::from_secs(5)).unwrap();
+        assert_eq!(show_rate(r), "2.0/s");
+        assert_eq!(show_rate(11.7527), "12/s");
+        assert_eq!(show_rate(1.7527), "1.8/s");
+    }
 
     #[test]
     fn bad_jsonl_lines_are_reported_with_their_numbers() {

@@ -12,6 +12,7 @@ mod bench;
 mod check;
 mod client;
 mod daemon;
+mod daemon_client;
 mod opts;
 mod run;
 mod settings;
@@ -31,7 +32,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run one job in a sandbox and exit with its exit code (124 on timeout, 128+N when killed
-    /// by signal N, 125 when the sandbox itself failed).
+    /// by signal N, 125 when the sandbox itself failed). When a `forkbox daemon` of this user
+    /// (or root's) is running, the job goes to it and starts in one of its warm sandboxes
+    /// (`--no-daemon` starts a zygote of this command's own).
     Run(run::RunCmd),
     /// Report what this host supports and how each limit is enforced; exits non-zero when no
     /// sandbox can be made here.
@@ -105,11 +108,30 @@ pub fn main(cli: Cli) -> ExitCode {
     };
     match result {
         Ok(code) => code,
+        // As coreutils end when a reader stops reading (`forkbox batch results B | head`):
+        // quietly, with the status a shell shows for SIGPIPE.
+        Err(e) if e.downcast_ref::<StdoutClosed>().is_some() => {
+            ExitCode::from(128 + libc::SIGPIPE as u8)
+        }
         Err(e) => {
             // Errors quote what Redis or a job said.
             eprintln!("forkbox: {}", terminal::for_stderr(&describe(&e)));
             ExitCode::from(EXIT_SANDBOX_ERROR as u8)
         }
+    }
+}
+
+/// Standard output was closed by its reader.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output closed")]
+pub struct StdoutClosed;
+
+/// A failed write to standard output as an error: [`StdoutClosed`] when its reader is gone.
+pub fn stdout_error(e: std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        StdoutClosed.into()
+    } else {
+        anyhow::Error::new(e).context("writing to standard output")
     }
 }
 

@@ -179,6 +179,45 @@ impl SandboxOpts {
 }
 
 impl SandboxOpts {
+    /// Whether none of these options is set (from the command line or the environment): a
+    /// running daemon's engine then serves as well as one of our own.
+    pub fn is_unset(&self) -> bool {
+        let SandboxOpts {
+            rootfs,
+            allow,
+            allow_only,
+            shared_net,
+            python_preload,
+            max_timeout_ms,
+            max_memory_mb,
+            max_pids,
+            max_cpu_ms,
+            max_output_bytes,
+            max_disk_mb,
+            max_file_size_mb,
+            max_open_files,
+            max_collect_bytes,
+        } = self;
+        rootfs.is_none()
+            && allow.is_none()
+            && allow_only.is_none()
+            && !shared_net
+            && python_preload.is_none()
+            && [
+                max_timeout_ms,
+                max_memory_mb,
+                max_pids,
+                max_cpu_ms,
+                max_output_bytes,
+                max_disk_mb,
+                max_file_size_mb,
+                max_open_files,
+                max_collect_bytes,
+            ]
+            .iter()
+            .all(|v| v.is_none())
+    }
+
     /// The error of an engine that did not start, with the reason when mode bits on the way
     /// to an exposed directory keep the sandboxes out (the kernel's EACCES alone does not say
     /// that a node started as root runs its sandboxes as another host uid).

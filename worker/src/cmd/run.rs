@@ -33,10 +33,29 @@ pub struct RunCmd {
     /// and files always get the exact bytes.
     #[arg(long, conflicts_with = "json")]
     pub raw: bool,
+    /// Run in a zygote of this command's own, even when a `forkbox daemon` of this user (or
+    /// root's) listens on the socket: by default the job goes to that daemon, whose warm
+    /// sandboxes spawn it at once (with the daemon's own root, allowlist and maximums), unless
+    /// a sandbox option (--rootfs, --allow, --max-*, ...) is given here.
+    #[arg(long)]
+    pub no_daemon: bool,
+    /// The daemon's socket [default: $XDG_RUNTIME_DIR/forkbox.sock, else /tmp/forkbox.sock].
+    #[arg(long, env = "FORKBOX_SOCKET", value_name = "PATH")]
+    pub socket: Option<PathBuf>,
 }
 
 pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
     let job = cmd.job.to_job()?;
+    if !cmd.no_daemon && cmd.sandbox.is_unset() {
+        let socket = cmd
+            .socket
+            .clone()
+            .unwrap_or_else(super::daemon::default_socket);
+        if let Some(stream) = super::daemon_client::connect(&socket)? {
+            let result = super::daemon_client::run(stream, &job)?;
+            return finish(&cmd, &result.outcome);
+        }
+    }
     let mut config = cmd.sandbox.engine_config(1);
     // The one sandbox kept ready is built for the job's network.
     config.network_default = job.network.unwrap_or(config.network_default);
@@ -50,10 +69,15 @@ pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
     }
     .map_err(|e| cmd.sandbox.start_failed(e))?;
     let outcome = runtime()?.block_on(engine.run(&job));
+    finish(&cmd, &outcome)
+}
+
+/// Saves the collected files and prints the outcome; its exit code is ours.
+fn finish(cmd: &RunCmd, outcome: &Outcome) -> anyhow::Result<ExitCode> {
     if let Some(dir) = &cmd.out {
-        save_files(dir, &outcome)?;
+        save_files(dir, outcome)?;
     }
-    print_outcome_as(&outcome, cmd.json, cmd.raw)
+    print_outcome_as(outcome, cmd.json, cmd.raw)
 }
 
 /// Prints an outcome as `run` does and returns the matching exit code.

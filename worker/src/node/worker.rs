@@ -262,6 +262,14 @@ impl Node {
         for task in background {
             task.abort();
         }
+        // Stopped: `stats` should not show this node alive until its heartbeat expires. A
+        // Redis that is away leaves the keys to expire.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            for q in set.queues() {
+                let _ = q.remove_heartbeat(&config.name).await;
+            }
+        })
+        .await;
         if !unflushed.is_empty() {
             return Err(NodeError::Unflushed {
                 count: unflushed.len(),

@@ -263,6 +263,7 @@ class Queue:
         self.max_job_bytes = max_job_bytes
         self._enqueue_script = self.redis.register_script(ENQUEUE_LUA)
         self._job_state_script = self.redis.register_script(JOB_STATE_LUA)
+        self._warned_unserved = False
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -364,6 +365,25 @@ class Queue:
         except Exception:  # the hint is best effort; the Timeout is the news
             pass
         return ""
+
+    def _warn_if_unserved(self) -> None:
+        """Warns, once per queue object, when a wait starts on a queue no worker serves: it
+        would otherwise wait forever without a word (the CLI warns the same way)."""
+        if self._warned_unserved:
+            return
+        try:
+            unserved = self.live_workers() == 0
+        except Exception:  # best effort: the wait itself reports a broken connection
+            return
+        if unserved:
+            self._warned_unserved = True
+            warnings.warn(
+                f"no worker is serving queue {self.name!r} (no live heartbeat): the wait ends only "
+                f"when one starts (`forkbox worker --queues {self.name}`); check the queue name and "
+                "the Redis URL",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     # -- submitting ----------------------------------------------------------------------
 
@@ -530,6 +550,7 @@ class Queue:
             res = self._get(job_id)
             if res is not None:
                 return _check(res)
+            self._warn_if_unserved()
             wait = self.block_s
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -585,6 +606,8 @@ class Queue:
             # the stream is idle and every few seconds.
             cursors = self._stream_tails()
             top_up()
+            if inflight:
+                self._warn_if_unserved()
             last_progress = last_sweep = time.monotonic()
             while inflight:
                 finished: List[Result] = []
