@@ -14,9 +14,28 @@ use anyhow::{bail, Context};
 use forkbox_queue::schema::{Job, JobResult};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
-/// Whether a server of uid `server` may be sent our jobs: our own daemon, or root's.
-pub fn trusted_server(server: u32, us: u32) -> bool {
-    server == us || server == 0
+/// Whether a server of uid `server` may be sent our jobs: our own daemon, root's, or that of
+/// the user `$FORKBOX_DAEMON_USER` names (`named`: the owner of a daemon shared with
+/// `forkbox daemon --group`), as the Python SDK decides.
+pub fn trusted_server(server: u32, us: u32, named: Option<u32>) -> bool {
+    server == us || server == 0 || named == Some(server)
+}
+
+/// The uid `$FORKBOX_DAEMON_USER` names (a user name or a uid), if it is set.
+fn named_daemon_user() -> anyhow::Result<Option<u32>> {
+    let Some(named) = std::env::var("FORKBOX_DAEMON_USER")
+        .ok()
+        .filter(|n| !n.is_empty())
+    else {
+        return Ok(None);
+    };
+    if let Ok(uid) = named.parse::<u32>() {
+        return Ok(Some(uid));
+    }
+    match nix::unistd::User::from_name(&named) {
+        Ok(Some(user)) => Ok(Some(user.uid.as_raw())),
+        _ => bail!("FORKBOX_DAEMON_USER={named}: no such user"),
+    }
 }
 
 /// Connects to the daemon at `path` and checks who serves it; `None` when nothing listens
@@ -30,7 +49,7 @@ pub fn connect(path: &Path) -> anyhow::Result<Option<UnixStream>> {
         .with_context(|| format!("{}: who serves it (SO_PEERCRED)", path.display()))?
         .uid();
     let us = nix::unistd::geteuid().as_raw();
-    if !trusted_server(server, us) {
+    if !trusted_server(server, us, named_daemon_user()?) {
         bail!(
             "{} is served by uid {server}, neither this user (uid {us}) nor root: refusing to \
              send it a job (run with --no-daemon, or remove the socket)",
@@ -73,10 +92,12 @@ mod tests {
 
     #[test]
     fn only_our_own_or_roots_daemon_is_trusted() {
-        assert!(trusted_server(1000, 1000));
-        assert!(trusted_server(0, 1000));
-        assert!(trusted_server(0, 0));
-        assert!(!trusted_server(1001, 1000));
-        assert!(!trusted_server(1000, 0));
+        assert!(trusted_server(1000, 1000, None));
+        assert!(trusted_server(0, 1000, None));
+        assert!(trusted_server(0, 0, None));
+        assert!(!trusted_server(1001, 1000, None));
+        assert!(!trusted_server(1000, 0, None));
+        assert!(trusted_server(1001, 1000, Some(1001)));
+        assert!(!trusted_server(1002, 1000, Some(1001)));
     }
 }

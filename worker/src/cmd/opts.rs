@@ -187,6 +187,7 @@ impl SandboxOpts {
             allow,
             allow_only,
             shared_net,
+            network_default,
             python_preload,
             max_timeout_ms,
             max_memory_mb,
@@ -202,6 +203,7 @@ impl SandboxOpts {
             && allow.is_none()
             && allow_only.is_none()
             && !shared_net
+            && network_default.is_none()
             && python_preload.is_none()
             && [
                 max_timeout_ms,

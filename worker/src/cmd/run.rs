@@ -39,7 +39,8 @@ pub struct RunCmd {
     /// a sandbox option (--rootfs, --allow, --max-*, ...) is given here.
     #[arg(long)]
     pub no_daemon: bool,
-    /// The daemon's socket [default: $XDG_RUNTIME_DIR/forkbox.sock, else /tmp/forkbox.sock].
+    /// The daemon's socket [default: $XDG_RUNTIME_DIR/forkbox.sock, else
+    /// ${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock].
     #[arg(long, env = "FORKBOX_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
 }
@@ -50,7 +51,7 @@ pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
         let socket = cmd
             .socket
             .clone()
-            .unwrap_or_else(super::daemon::default_socket);
+            .unwrap_or_else(|| super::daemon::default_socket().0);
         if let Some(stream) = super::daemon_client::connect(&socket)? {
             let result = super::daemon_client::run(stream, &job)?;
             return finish(&cmd, &result.outcome);
