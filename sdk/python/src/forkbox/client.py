@@ -8,7 +8,6 @@ open socket; threads never share a connection at the same time, so the client is
 from __future__ import annotations
 
 import errno
-import functools
 import os
 import socket as _socket
 import threading
@@ -53,7 +52,9 @@ class _OnInstance:
     def __init__(self, func: Callable[..., Any], name: str) -> None:
         self._func = func
         self._name = name
-        functools.update_wrapper(self, func)
+        self.__doc__ = func.__doc__
+        self.__name__ = func.__name__
+        self.__wrapped__ = func
 
     def __get__(self, obj: Any, owner: Optional[type] = None) -> Callable[..., Any]:
         if obj is None:
