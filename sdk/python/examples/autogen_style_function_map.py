@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Dict
 
-from forkbox import Forkbox
+import forkbox
 from forkbox.tools import code_interpreter
 
 
 def run_shell(command: str) -> str:
     """Run a shell command in a sandbox; returns stdout, stderr and the exit status."""
-    res = Forkbox.run(command, timeout_ms=5000)
+    res = forkbox.run(command, timeout_ms=5000)
     return f"{res.stdout}{res.stderr}[exit code {res.exit_code}]"
 
 

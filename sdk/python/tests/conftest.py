@@ -142,7 +142,7 @@ class Daemon:
 def daemon(forkbox_bin: Path, tmp_root: Path) -> Iterator[Daemon]:
     """A real `forkbox daemon --socket <tmp>/fb.sock --slots 4`, shared by the session.
 
-    It is also made the default of `Forkbox.run(...)` and exported as FORKBOX_SOCKET (for the
+    It is also made the default of `forkbox.run(...)` and exported as FORKBOX_SOCKET (for the
     example scripts run as subprocesses).
     """
     from forkbox import Forkbox

@@ -93,7 +93,7 @@ def test_limit_ranges_follow_the_schema() -> None:
 
 def test_wrong_keywords_name_the_public_call_and_the_right_keyword() -> None:
     with pytest.raises(TypeError) as e:
-        Forkbox.run("echo", memory=5)  # type: ignore[call-arg]
+        Forkbox(socket="/nonexistent").run("echo", memory=5)
     assert str(e.value) == "Forkbox.run() got an unexpected keyword argument 'memory'; did you mean 'memory_mb'?"
     assert "_run" not in str(e.value)
     with pytest.raises(TypeError, match=r"^Forkbox\.run_job\(\) .* 'wait'; did you mean 'wait_timeout'\?"):

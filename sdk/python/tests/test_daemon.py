@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
+import forkbox
 from conftest import SDK_DIR, Daemon, Proc, short_tmpdir, start_daemon, tail, wait_for_socket
 from forkbox import AsyncForkbox, DaemonNotRunning, Forkbox, JobRejected
 
@@ -29,7 +30,7 @@ FACTORIAL = "python3 -c 'import math; print(math.factorial(20))'"
 
 
 def test_factorial(daemon: Daemon) -> None:
-    res = Forkbox.run(FACTORIAL)
+    res = forkbox.run(FACTORIAL)
     assert res.status == "ok", res
     assert res.exit_code == 0 and not res.timed_out
     assert res.stdout == "2432902008176640000\n"
@@ -38,7 +39,7 @@ def test_factorial(daemon: Daemon) -> None:
 
 
 def test_infinite_loop_times_out(daemon: Daemon) -> None:
-    res_loop = Forkbox.run("while true; do :; done", timeout_ms=500)
+    res_loop = forkbox.run("while true; do :; done", timeout_ms=500)
     assert res_loop.timed_out is True
     assert res_loop.exit_code == 124
     assert res_loop.status == "timeout"
@@ -49,7 +50,7 @@ def test_host_etc_hosts_is_untouched(daemon: Daemon) -> None:
     hosts = Path("/etc/hosts")
     before = hosts.read_bytes()
     st_before = hosts.stat()
-    res = Forkbox.run("echo 'payload' >> /etc/hosts; cat /etc/hosts")
+    res = forkbox.run("echo 'payload' >> /etc/hosts; cat /etc/hosts")
     assert hosts.read_bytes() == before
     st_after = hosts.stat()
     assert (st_after.st_mtime_ns, st_after.st_size, st_after.st_ino) == (
@@ -65,7 +66,7 @@ def test_host_etc_hosts_is_untouched(daemon: Daemon) -> None:
 
 
 def test_files_in_and_collected_out(daemon: Daemon) -> None:
-    res = Forkbox.run(
+    res = forkbox.run(
         "mkdir -p out && tr a-z A-Z < in.txt > out/upper.txt && cp data.bin out/copy.bin && "
         "echo skip > not-collected.txt && cat sub/dir/note.txt",
         files={"in.txt": "hello files\n", "data.bin": b"\x00\xff\x10binary", "sub/dir/note.txt": "nested"},
@@ -77,36 +78,36 @@ def test_files_in_and_collected_out(daemon: Daemon) -> None:
 
 
 def test_stdin_text_and_bytes(daemon: Daemon) -> None:
-    assert Forkbox.run("tr a-z A-Z", stdin="shout\n").stdout == "SHOUT\n"
-    res = Forkbox.run("od -An -tx1 | tr -s ' '", stdin=b"\x00\xff\x7f")
+    assert forkbox.run("tr a-z A-Z", stdin="shout\n").stdout == "SHOUT\n"
+    res = forkbox.run("od -An -tx1 | tr -s ' '", stdin=b"\x00\xff\x7f")
     assert res.stdout.split() == ["00", "ff", "7f"]
 
 
 def test_env(daemon: Daemon) -> None:
-    res = Forkbox.run('printf "%s|%s" "$GREETING" "$HOME"', env={"GREETING": "hi there"})
+    res = forkbox.run('printf "%s|%s" "$GREETING" "$HOME"', env={"GREETING": "hi there"})
     assert res.stdout.split("|")[0] == "hi there"
 
 
 def test_argv_is_not_shell_parsed(daemon: Daemon) -> None:
-    res = Forkbox.run(argv=["/bin/echo", "a  b", "$HOME", ";", "c"])
+    res = forkbox.run(argv=["/bin/echo", "a  b", "$HOME", ";", "c"])
     assert res.stdout == "a  b $HOME ; c\n"
 
 
 def test_nonzero_exit_is_a_result(daemon: Daemon) -> None:
-    res = Forkbox.run("echo out; echo err >&2; exit 3")
+    res = forkbox.run("echo out; echo err >&2; exit 3")
     assert res.status == "failed"
     assert res.exit_code == 3 and not res.timed_out
     assert res.stdout == "out\n" and res.stderr == "err\n"
 
 
 def test_killed_by_signal(daemon: Daemon) -> None:
-    res = Forkbox.run("kill -9 $$")
+    res = forkbox.run("kill -9 $$")
     assert res.status == "signaled", res
     assert res.exit_code == 137 and res.signal == 9
 
 
 def test_output_truncation(daemon: Daemon) -> None:
-    res = Forkbox.run("head -c 200000 /dev/zero | tr '\\0' x", output_bytes=1000)
+    res = forkbox.run("head -c 200000 /dev/zero | tr '\\0' x", output_bytes=1000)
     assert res.truncated and res.stdout_truncated
     assert 0 < len(res.stdout) <= 1000 and set(res.stdout) == {"x"}
     assert res.status in ("ok", "output_limit"), res
@@ -114,17 +115,17 @@ def test_output_truncation(daemon: Daemon) -> None:
 
 def test_output_mode_truncate_keeps_the_exit_code(daemon: Daemon) -> None:
     flood = "head -c 200000 /dev/zero >&2; echo 42; exit 3"
-    r = Forkbox.run(flood, output_bytes=1000, output_mode="truncate")
+    r = forkbox.run(flood, output_bytes=1000, output_mode="truncate")
     assert (r.status, r.exit_code, r.stdout) == ("failed", 3, "42\n"), r
     assert r.stderr_truncated and not r.stdout_truncated and len(r.stderr) == 1000
-    assert Forkbox.run(flood, output_bytes=1000).status == "output_limit"
+    assert forkbox.run(flood, output_bytes=1000).status == "output_limit"
     with pytest.raises(JobRejected, match="output_mode"):
-        Forkbox.run("true", output_mode="cut")
+        forkbox.run("true", output_mode="cut")
 
 
 def test_streaming_output(daemon: Daemon) -> None:
     chunks: List[Tuple[str, str]] = []
-    res = Forkbox.run(
+    res = forkbox.run(
         "echo one; echo two >&2; echo three", on_output=lambda stream, data: chunks.append((stream, data))
     )
     assert res.status == "ok"
@@ -134,25 +135,25 @@ def test_streaming_output(daemon: Daemon) -> None:
 
 def test_rejected_jobs_carry_the_reason(daemon: Daemon) -> None:
     with pytest.raises(JobRejected) as e:
-        Forkbox.run("true", timeout_ms=0)
+        forkbox.run("true", timeout_ms=0)
     assert "timeout_ms" in e.value.reason
     assert e.value.result is not None and e.value.result.exit_code == 125
     with pytest.raises(JobRejected, match="files"):
-        Forkbox.run("true", files={"../escape.txt": "x"})
+        forkbox.run("true", files={"../escape.txt": "x"})
     with pytest.raises(JobRejected, match="bogus"):
-        Forkbox.run_job({"cmd": "true", "bogus": 1})
+        forkbox.run_job({"cmd": "true", "bogus": 1})
     # Jobs that could never start are rejected with the reason, not reported as sandbox errors.
     with pytest.raises(JobRejected, match=r"do not fit the job's disk of 1 MiB \(limits.disk_mb\)"):
-        Forkbox.run("true", files={"big.bin": "x" * (2 << 20)}, disk_mb=1)
+        forkbox.run("true", files={"big.bin": "x" * (2 << 20)}, disk_mb=1)
     with pytest.raises(JobRejected, match="its directory a is also a file"):
-        Forkbox.run("true", files={"a": "1", "a/b": "2"})
+        forkbox.run("true", files={"a": "1", "a/b": "2"})
     with pytest.raises(JobRejected, match="cwd /nonexistent"):
-        Forkbox.run("true", cwd="/nonexistent")
-    assert Forkbox.run("echo still fine").stdout == "still fine\n"
+        forkbox.run("true", cwd="/nonexistent")
+    assert forkbox.run("echo still fine").stdout == "still fine\n"
 
 
 def test_memory_and_pid_limits_are_accepted(daemon: Daemon) -> None:
-    res = Forkbox.run("echo ok", memory_mb=128, pids=16)
+    res = forkbox.run("echo ok", memory_mb=128, pids=16)
     assert res.status == "ok" and res.stdout == "ok\n"
 
 
@@ -175,7 +176,7 @@ def test_100_concurrent_calls_from_threads(daemon: Daemon) -> None:
 
     def work(i: int) -> None:
         try:
-            results[i] = Forkbox.run(_job(i))
+            results[i] = forkbox.run(_job(i))
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

@@ -213,13 +213,21 @@ def test_daemon_not_running_names_the_command(tmp_path: Path) -> None:
         Forkbox(socket=stale).run("true")
 
 
-def test_class_call_uses_the_shared_instance(fake: FakeDaemon) -> None:
+def test_module_run_uses_the_shared_instance(fake: FakeDaemon) -> None:
+    import forkbox
+
     Forkbox.set_default(Forkbox(socket=fake.path))
     try:
-        assert Forkbox.run("shared").stdout == "shared"
+        assert forkbox.run("shared").stdout == "shared"
         assert Forkbox.default().socket_path == fake.path
-        assert Forkbox.run_job({"cmd": "raw", "stdin": b"\xff"}).stdout == "raw"
+        assert forkbox.run_job({"cmd": "raw", "stdin": b"\xff"}).stdout == "raw"
         assert fake.requests[-1]["stdin"] == {"b64": "/w=="}
+        # The class-level spelling still works, on the same shared client, and says it is old.
+        with pytest.warns(DeprecationWarning, match=r"Forkbox\.run\(\.\.\.\) on the class .* forkbox\.run\("):
+            assert Forkbox.run("class-level").stdout == "class-level"
+        with pytest.warns(DeprecationWarning, match="forkbox.run_job"):
+            assert Forkbox.run_job({"cmd": "class-raw"}).stdout == "class-raw"
+        assert fake.connections == 1
     finally:
         Forkbox.set_default(None)
 

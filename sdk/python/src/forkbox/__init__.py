@@ -1,12 +1,14 @@
 """Forkbox: run untrusted code in millisecond sandboxes.
 
-- :class:`Forkbox` / :class:`AsyncForkbox`: the local daemon (``forkbox daemon``).
+- :func:`run`: one job on the local daemon (``forkbox daemon``), through a shared client;
+  :class:`Forkbox` / :class:`AsyncForkbox`: clients of the daemon of their own.
+- :class:`JobSpec` / :class:`Limits`: a job, field for field (the keywords of every call).
 - :class:`Queue`: the Redis job queue served by ``forkbox worker`` nodes.
 - :mod:`forkbox.tools`: ready-made tools for agents.
 """
 
 from .aio import AsyncForkbox
-from .client import Forkbox, default_socket_path
+from .client import Forkbox, default_socket_path, run, run_job
 from .errors import (
     ConnectionLost,
     DaemonNotRunning,
@@ -17,7 +19,7 @@ from .errors import (
     Timeout,
     UntrustedDaemon,
 )
-from .job import build_job
+from .job import JobSpec, Limits, build_job
 from .redis_queue import Batch, Queue
 from .result import STATUSES, Result
 
@@ -31,6 +33,8 @@ __all__ = [
     "Forkbox",
     "ForkboxError",
     "JobRejected",
+    "JobSpec",
+    "Limits",
     "PartitionsMismatch",
     "ProtocolError",
     "Queue",
@@ -40,4 +44,6 @@ __all__ = [
     "UntrustedDaemon",
     "build_job",
     "default_socket_path",
+    "run",
+    "run_job",
 ]

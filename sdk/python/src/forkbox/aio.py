@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Coroutine, Dict, Mapping, Optional, Tuple, Union
 
 from ._wire import (
     DEFAULT_WAIT_SLACK_S,
@@ -23,7 +23,7 @@ from ._wire import (
     wait_budget,
 )
 from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, ProtocolError, Timeout
-from .job import Data, build_job, checked_keywords, normalize_job
+from .job import JobSpec, checked_keywords, normalize_job, spec_from_keywords
 from .result import Result
 
 __all__ = ["AsyncForkbox"]
@@ -59,67 +59,33 @@ class AsyncForkbox:
     def __repr__(self) -> str:
         return f"AsyncForkbox(socket={self.socket_path!r})"
 
-    @checked_keywords("AsyncForkbox.run")
-    async def run(
+    def run(
         self,
         cmd: Optional[str] = None,
         *,
-        argv: Optional[Sequence[str]] = None,
-        timeout_ms: Optional[int] = None,
-        stdin: Optional[Data] = None,
-        env: Optional[Mapping[str, str]] = None,
-        files: Optional[Mapping[str, Data]] = None,
-        cwd: Optional[str] = None,
-        collect: Optional[Sequence[str]] = None,
-        memory_mb: Optional[int] = None,
-        pids: Optional[int] = None,
-        cpu_ms: Optional[int] = None,
-        output_bytes: Optional[int] = None,
-        disk_mb: Optional[int] = None,
-        file_size_mb: Optional[int] = None,
-        open_files: Optional[int] = None,
-        limits: Optional[Mapping[str, int]] = None,
-        runtime: Optional[str] = None,
-        output_mode: Optional[str] = None,
-        network: Optional[str] = None,
-        id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
-    ) -> Result:
-        """Runs one job; the arguments are those of :meth:`forkbox.Forkbox.run`."""
-        job = build_job(
-            cmd,
-            argv=argv,
-            timeout_ms=timeout_ms,
-            stdin=stdin,
-            env=env,
-            files=files,
-            cwd=cwd,
-            collect=collect,
-            memory_mb=memory_mb,
-            pids=pids,
-            cpu_ms=cpu_ms,
-            output_bytes=output_bytes,
-            disk_mb=disk_mb,
-            file_size_mb=file_size_mb,
-            open_files=open_files,
-            limits=limits,
-            runtime=runtime,
-            output_mode=output_mode,
-            network=network,
-            id=id,
-        )
-        return await self._send(job, wait_timeout, on_output)
+        **spec: Any,
+    ) -> Coroutine[Any, Any, Result]:
+        """Runs one job; the arguments are those of :meth:`forkbox.Forkbox.run`.
+
+        A wrong keyword raises ``TypeError`` at the call, before anything is awaited.
+        """
+        given = spec_from_keywords("AsyncForkbox.run", dict(spec, cmd=cmd), also=("wait_timeout", "on_output"))
+        return self._run_spec(given, wait_timeout, on_output)
+
+    async def _run_spec(self, spec: JobSpec, wait_timeout: Optional[float], on_output: Optional[OutputCallback]) -> Result:
+        return await self._send(spec.to_job(), wait_timeout, on_output)
 
     @checked_keywords("AsyncForkbox.run_job")
     async def run_job(
         self,
-        job: Mapping[str, Any],
+        job: Union[JobSpec, Mapping[str, Any]],
         *,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
     ) -> Result:
-        """Runs a job given as a v1 job object."""
+        """Runs a job given as a :class:`~forkbox.JobSpec` or a v1 job object."""
         return await self._send(normalize_job(job), wait_timeout, on_output)
 
     async def _send(

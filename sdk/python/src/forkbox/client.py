@@ -10,22 +10,18 @@ from __future__ import annotations
 import errno
 import os
 import socket as _socket
-import sys
 import threading
 import time
 import types
+import warnings
 from typing import (
-    TYPE_CHECKING,
     Any,
     Callable,
     Dict,
-    Generic,
     List,
     Mapping,
     Optional,
-    Sequence,
     Tuple,
-    TypeVar,
     Union,
 )
 
@@ -41,43 +37,34 @@ from ._wire import (
     wait_budget,
 )
 from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, ProtocolError, Timeout
-from .job import Data, build_job, checked_keywords, normalize_job
+from .job import JobSpec, checked_keywords, normalize_job, spec_from_keywords
 from .result import Result
 
-if sys.version_info >= (3, 10):
-    from typing import Concatenate, ParamSpec
-elif TYPE_CHECKING:
-    from typing_extensions import Concatenate, ParamSpec
-else:  # Only annotations use these on 3.9; a TypeVar stands in for Generic[...] at runtime.
+__all__ = ["Forkbox", "default_socket_path", "run", "run_job"]
 
-    def ParamSpec(name: str) -> Any:
-        return TypeVar(name)
-
-__all__ = ["Forkbox", "default_socket_path"]
-
-P = ParamSpec("P")
-R = TypeVar("R")
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class _SharedOrBound(Generic[P, R]):
-    """A method that also works on the class, where it runs on the class's shared instance.
+class _OnInstance:
+    """A method that, called on the class (``Forkbox.run(...)``, the older spelling of
+    ``forkbox.run(...)``), still runs on the shared client, with a ``DeprecationWarning``."""
 
-    ``Forkbox.run(...)`` uses ``Forkbox.default()``; ``Forkbox(socket=...).run(...)`` uses that
-    instance.
-    """
-
-    def __init__(self, func: Callable[Concatenate[Any, P], R], public: str) -> None:
-        self._func = checked_keywords(public)(func)
+    def __init__(self, func: Callable[..., Any], name: str) -> None:
+        self._func = func
+        self._name = name
         self.__doc__ = func.__doc__
         self.__name__ = func.__name__
         self.__wrapped__ = func
 
-    def __get__(self, obj: Any, owner: Optional[type] = None) -> Callable[P, R]:
+    def __get__(self, obj: Any, owner: Optional[type] = None) -> Callable[..., Any]:
         if obj is None:
-            if owner is None:
-                owner = type(obj)
-            obj = owner.default()  # type: ignore[attr-defined]
+            warnings.warn(
+                f"Forkbox.{self._name}(...) on the class is deprecated: call forkbox.{self._name}(...) "
+                f"for the shared client, or Forkbox(socket=...).{self._name}(...)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            obj = (owner or Forkbox).default()  # type: ignore[attr-defined]
         return types.MethodType(self._func, obj)
 
 
@@ -150,6 +137,9 @@ def _remaining(deadline: Optional[float]) -> Optional[float]:
     return left
 
 
+#: The keywords of ``run`` beside the job's.
+_CALL_KEYWORDS = ("wait_timeout", "on_output")
+
 _defaults: Dict[type, "Forkbox"] = {}
 _defaults_lock = threading.Lock()
 
@@ -157,7 +147,7 @@ _defaults_lock = threading.Lock()
 class Forkbox:
     """Client of the local daemon.
 
-    ``Forkbox.run("echo hi")`` runs on a shared client for the default socket
+    ``forkbox.run("echo hi")`` runs on a shared client for the default socket
     (``$FORKBOX_SOCKET``, else ``$XDG_RUNTIME_DIR/forkbox.sock``, else
     ``${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock``);
     ``Forkbox(socket="/path/fb.sock").run(...)`` on a client of its own.
@@ -194,7 +184,7 @@ class Forkbox:
 
     @classmethod
     def default(cls) -> Forkbox:
-        """The shared client used by ``Forkbox.run(...)``; created on first use."""
+        """The shared client used by ``forkbox.run(...)``; created on first use."""
         inst = _defaults.get(cls)
         if inst is None:
             with _defaults_lock:
@@ -219,74 +209,49 @@ class Forkbox:
         self,
         cmd: Optional[str] = None,
         *,
-        argv: Optional[Sequence[str]] = None,
-        timeout_ms: Optional[int] = None,
-        stdin: Optional[Data] = None,
-        env: Optional[Mapping[str, str]] = None,
-        files: Optional[Mapping[str, Data]] = None,
-        cwd: Optional[str] = None,
-        collect: Optional[Sequence[str]] = None,
-        memory_mb: Optional[int] = None,
-        pids: Optional[int] = None,
-        cpu_ms: Optional[int] = None,
-        output_bytes: Optional[int] = None,
-        disk_mb: Optional[int] = None,
-        file_size_mb: Optional[int] = None,
-        open_files: Optional[int] = None,
-        limits: Optional[Mapping[str, int]] = None,
-        runtime: Optional[str] = None,
-        output_mode: Optional[str] = None,
-        network: Optional[str] = None,
-        id: Optional[str] = None,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
+        **spec: Any,
     ) -> Result:
         """Runs one job in a sandbox and returns its :class:`Result`.
 
-        ``cmd`` is a shell string (``/bin/sh -c``); or pass ``argv=[...]``. ``stdin`` and the
-        values of ``files`` may be ``str`` or ``bytes``; ``collect`` lists globs (relative to
-        the working directory) of files to return in ``Result.files``. ``on_output(stream,
-        text)`` receives stdout/stderr chunks live. A non-zero exit, a timeout or a limit is a
-        result (see ``Result.status``); a malformed job raises :class:`JobRejected`, and an
-        unreachable daemon :class:`DaemonNotRunning`.
+        ``cmd`` is a shell string (``/bin/sh -c``); or pass ``argv=[...]``. The other keywords
+        are the fields of :class:`~forkbox.JobSpec` (``timeout_ms``, ``stdin``, ``env``,
+        ``files``, ``cwd``, ``collect``, ``network``, ``output_mode``, ...) and of
+        :class:`~forkbox.Limits` (``memory_mb``, ``pids``, ...). ``stdin`` and the values of
+        ``files`` may be ``str`` or ``bytes``; ``collect`` lists globs (relative to the working
+        directory) of files to return in ``Result.files``. ``on_output(stream, text)`` receives
+        stdout/stderr chunks live. A non-zero exit, a timeout or a limit is a result (see
+        ``Result.status``); a malformed job raises :class:`JobRejected`, and an unreachable
+        daemon :class:`DaemonNotRunning`.
         """
-        job = build_job(
-            cmd,
-            argv=argv,
-            timeout_ms=timeout_ms,
-            stdin=stdin,
-            env=env,
-            files=files,
-            cwd=cwd,
-            collect=collect,
-            memory_mb=memory_mb,
-            pids=pids,
-            cpu_ms=cpu_ms,
-            output_bytes=output_bytes,
-            disk_mb=disk_mb,
-            file_size_mb=file_size_mb,
-            open_files=open_files,
-            limits=limits,
-            runtime=runtime,
-            output_mode=output_mode,
-            network=network,
-            id=id,
-        )
-        return self._send(job, wait_timeout, on_output)
+        return self._run_spec("Forkbox.run", cmd, spec, wait_timeout, on_output)
 
+    @checked_keywords("Forkbox.run_job")
     def run_job(
         self,
-        job: Mapping[str, Any],
+        job: Union[JobSpec, Mapping[str, Any]],
         *,
         wait_timeout: Optional[float] = None,
         on_output: Optional[OutputCallback] = None,
     ) -> Result:
-        """Runs a job given as a v1 job object (``{"cmd": ..., "limits": {...}}``)."""
+        """Runs a job given as a :class:`~forkbox.JobSpec` or a v1 job object
+        (``{"cmd": ..., "limits": {...}}``)."""
         return self._send(normalize_job(job), wait_timeout, on_output)
 
-    # Defined under their public names, so Python's own errors name ``Forkbox.run``.
-    run = _SharedOrBound(run, "Forkbox.run")  # type: ignore[assignment]
-    run_job = _SharedOrBound(run_job, "Forkbox.run_job")  # type: ignore[assignment]
+    run = _OnInstance(run, "run")  # type: ignore[assignment]
+    run_job = _OnInstance(run_job, "run_job")  # type: ignore[assignment]
+
+    def _run_spec(
+        self,
+        public: str,
+        cmd: Optional[str],
+        spec: Mapping[str, Any],
+        wait_timeout: Optional[float],
+        on_output: Optional[OutputCallback],
+    ) -> Result:
+        job = spec_from_keywords(public, dict(spec, cmd=cmd), also=_CALL_KEYWORDS).to_job()
+        return self._send(job, wait_timeout, on_output)
 
     def _send(self, job: Dict[str, Any], wait_timeout: Optional[float], on_output: Optional[OutputCallback]) -> Result:
         budget = wait_budget(job, wait_timeout, self.wait_slack_s)
@@ -421,3 +386,26 @@ class Forkbox:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def run(
+    cmd: Optional[str] = None,
+    *,
+    wait_timeout: Optional[float] = None,
+    on_output: Optional[OutputCallback] = None,
+    **spec: Any,
+) -> Result:
+    """Runs one job on the shared client of the default socket (:meth:`Forkbox.default`); the
+    arguments are those of :meth:`Forkbox.run`."""
+    return Forkbox.default()._run_spec("forkbox.run", cmd, spec, wait_timeout, on_output)
+
+
+@checked_keywords("forkbox.run_job")
+def run_job(
+    job: Union[JobSpec, Mapping[str, Any]],
+    *,
+    wait_timeout: Optional[float] = None,
+    on_output: Optional[OutputCallback] = None,
+) -> Result:
+    """Runs a :class:`~forkbox.JobSpec` or a v1 job object on the shared client."""
+    return Forkbox.default()._send(normalize_job(job), wait_timeout, on_output)

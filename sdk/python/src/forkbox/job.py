@@ -8,7 +8,8 @@ import functools
 import inspect
 import json
 import uuid
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, TypeVar, Union
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from ._schema import LIMIT_RANGES, SCHEMA
 from .errors import JobRejected
@@ -18,12 +19,15 @@ __all__ = [
     "Data",
     "JOB_FIELDS",
     "LIMIT_FIELDS",
+    "JobSpec",
+    "Limits",
     "NETWORKS",
     "build_job",
     "checked_keywords",
     "encode_data",
     "new_id",
     "normalize_job",
+    "spec_from_keywords",
     "validate_job",
 ]
 
@@ -33,36 +37,9 @@ Data = Union[str, bytes, bytearray, memoryview]
 #: The server's wall-clock limit when a job sets no ``timeout_ms``.
 DEFAULT_TIMEOUT_MS = 10_000
 
-#: Top-level fields of a v1 job.
-JOB_FIELDS = frozenset(
-    {
-        "id",
-        "cmd",
-        "argv",
-        "stdin",
-        "env",
-        "files",
-        "cwd",
-        "timeout_ms",
-        "limits",
-        "collect",
-        "batch",
-        "result_ttl_s",
-        "max_attempts",
-        "reply_to",
-        "runtime",
-        "output_mode",
-        "network",
-    }
-)
-
 #: What a job's ``network`` may be: ``"none"`` (Unix sockets only; the node's default unless it
 #: says otherwise) or ``"loopback"`` (a network namespace of its own with ``lo`` up).
 NETWORKS = tuple(SCHEMA["networks"])
-
-#: Fields of a job's ``limits`` object; each is also a keyword of ``build_job``.
-LIMIT_FIELDS = ("memory_mb", "pids", "cpu_ms", "output_bytes", "disk_mb", "file_size_mb", "open_files")
-
 
 #: Keywords people reach for, and the one they mean.
 _KEYWORD_HINTS = {
@@ -146,13 +123,15 @@ def _check_str_list(name: str, value: Any) -> list[str]:
     return out
 
 
-def normalize_job(job: Mapping[str, Any], *, with_id: bool = True) -> Dict[str, Any]:
+def normalize_job(job: Union[JobSpec, Mapping[str, Any]], *, with_id: bool = True) -> Dict[str, Any]:
     """Copies a job object into its wire form.
 
     ``stdin`` and ``files`` values may be ``bytes``; they are encoded. An ``id`` is added when
     absent (and ``with_id`` is true), so the caller can match the answer. Everything else is
     passed through for the server to validate: its rejection names the field at fault.
     """
+    if isinstance(job, JobSpec):
+        return job.to_job(with_id=with_id)
     if not isinstance(job, Mapping):
         raise TypeError(f"a job must be a mapping, got {type(job).__name__}")
     out: Dict[str, Any] = dict(job)
@@ -180,78 +159,114 @@ def normalize_job(job: Mapping[str, Any], *, with_id: bool = True) -> Dict[str, 
     return out
 
 
-def build_job(
-    cmd: Optional[str] = None,
-    *,
-    argv: Optional[Sequence[str]] = None,
-    stdin: Optional[Data] = None,
-    env: Optional[Mapping[str, str]] = None,
-    files: Optional[Mapping[str, Data]] = None,
-    cwd: Optional[str] = None,
-    timeout_ms: Optional[int] = None,
-    collect: Optional[Sequence[str]] = None,
-    memory_mb: Optional[int] = None,
-    pids: Optional[int] = None,
-    cpu_ms: Optional[int] = None,
-    output_bytes: Optional[int] = None,
-    disk_mb: Optional[int] = None,
-    file_size_mb: Optional[int] = None,
-    open_files: Optional[int] = None,
-    limits: Optional[Mapping[str, int]] = None,
-    batch: Optional[str] = None,
-    result_ttl_s: Optional[int] = None,
-    max_attempts: Optional[int] = None,
-    reply_to: Optional[str] = None,
-    runtime: Optional[str] = None,
-    network: Optional[str] = None,
-    id: Optional[str] = None,
-    output_mode: Optional[str] = None,
-) -> Dict[str, Any]:
-    """Builds a v1 job from keyword arguments.
+@dataclass(frozen=True)
+class Limits:
+    """A job's resource limits (its ``limits`` object); ``None`` leaves the node's default.
+
+    The ranges are the contract's (``schema.json`` ``limits``); :func:`validate_job` and the
+    worker check them.
+    """
+
+    memory_mb: Optional[int] = None
+    pids: Optional[int] = None
+    cpu_ms: Optional[int] = None
+    output_bytes: Optional[int] = None
+    disk_mb: Optional[int] = None
+    file_size_mb: Optional[int] = None
+    open_files: Optional[int] = None
+
+    def to_wire(self) -> Dict[str, int]:
+        """The ``limits`` object: the limits that are set."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One v1 job, field for field (``schema.json`` ``job_fields``); ``None`` means absent.
 
     ``cmd`` is a shell string (run by ``/bin/sh -c``); ``argv`` a program and its arguments.
-    The limit keywords (``memory_mb``, ``pids``, ...) fill the job's ``limits`` object and take
-    precedence over the same keys in ``limits``. ``runtime="python"`` runs a ``python3 ...``
-    command line in the node's warm interpreter (the result's ``runtime`` says whether it did).
-    ``output_mode="truncate"`` cuts output past ``output_bytes`` and lets the job run on (its exit
-    code decides its status; ``stdout_truncated``/``stderr_truncated`` say what was cut); the
-    default, ``"kill"``, stops it (``output_limit``).
-    ``network="loopback"`` gives the job a network namespace of its own with ``lo`` up; absent,
-    it gets the node's default, ``"none"`` unless the node says otherwise (Unix sockets only).
+    ``stdin`` and the values of ``files`` may be ``str`` or ``bytes``. ``limits`` is a
+    :class:`Limits` (or a ``limits`` mapping, passed through for the worker to check).
+    ``runtime="python"`` runs a ``python3 ...`` command line in the node's warm interpreter (the
+    result's ``runtime`` says whether it did). ``output_mode="truncate"`` cuts output past
+    ``output_bytes`` and lets the job run on (its exit code decides its status;
+    ``stdout_truncated``/``stderr_truncated`` say what was cut); the default, ``"kill"``, stops
+    it (``output_limit``). ``network="loopback"`` gives the job a network namespace of its own
+    with ``lo`` up; absent, it gets the node's default, ``"none"`` unless the node says
+    otherwise (Unix sockets only).
+
+    The clients take the same names as keywords (``Forkbox.run(cmd, timeout_ms=...,
+    memory_mb=...)``), the limits flattened beside the rest; see :func:`spec_from_keywords`.
     """
-    if cmd is not None and not isinstance(cmd, str):
-        raise TypeError(f"cmd must be a shell string, got {type(cmd).__name__}; use argv=[...] for a list")
-    lim: Dict[str, int] = dict(limits or {})
-    given = {
-        "memory_mb": memory_mb,
-        "pids": pids,
-        "cpu_ms": cpu_ms,
-        "output_bytes": output_bytes,
-        "disk_mb": disk_mb,
-        "file_size_mb": file_size_mb,
-        "open_files": open_files,
-    }
-    lim.update({k: v for k, v in given.items() if v is not None})
-    job: Dict[str, Any] = {
-        "id": id,
-        "cmd": cmd,
-        "argv": argv,
-        "stdin": stdin,
-        "env": env,
-        "files": files,
-        "cwd": cwd,
-        "timeout_ms": timeout_ms,
-        "limits": lim or None,
-        "collect": collect,
-        "batch": batch,
-        "result_ttl_s": result_ttl_s,
-        "max_attempts": max_attempts,
-        "reply_to": reply_to,
-        "runtime": runtime,
-        "output_mode": output_mode,
-        "network": network,
-    }
-    return normalize_job(job)
+
+    cmd: Optional[str] = None
+    argv: Optional[Sequence[str]] = None
+    stdin: Optional[Data] = None
+    env: Optional[Mapping[str, str]] = None
+    files: Optional[Mapping[str, Data]] = None
+    cwd: Optional[str] = None
+    timeout_ms: Optional[int] = None
+    limits: Union[Limits, Mapping[str, int], None] = None
+    collect: Optional[Sequence[str]] = None
+    batch: Optional[str] = None
+    result_ttl_s: Optional[int] = None
+    max_attempts: Optional[int] = None
+    reply_to: Optional[str] = None
+    runtime: Optional[str] = None
+    output_mode: Optional[str] = None
+    network: Optional[str] = None
+    id: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.cmd is not None and not isinstance(self.cmd, str):
+            raise TypeError(f"cmd must be a shell string, got {type(self.cmd).__name__}; use argv=[...] for a list")
+
+    def to_job(self, *, with_id: bool = True) -> Dict[str, Any]:
+        """The job object in its wire form (see :func:`normalize_job`)."""
+        job: Dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        lim = self.limits
+        if lim is not None:
+            job["limits"] = (lim.to_wire() if isinstance(lim, Limits) else dict(lim)) or None
+        return normalize_job(job, with_id=with_id)
+
+
+#: Top-level fields of a v1 job: the fields of :class:`JobSpec`.
+JOB_FIELDS = frozenset(f.name for f in fields(JobSpec))
+
+#: Fields of a job's ``limits`` object: the fields of :class:`Limits`; each is also a keyword.
+LIMIT_FIELDS: Tuple[str, ...] = tuple(f.name for f in fields(Limits))
+
+#: The keywords that describe a job: the fields of :class:`JobSpec` and, flattened, of
+#: :class:`Limits`.
+SPEC_KEYWORDS: Tuple[str, ...] = tuple(f.name for f in fields(JobSpec)) + LIMIT_FIELDS
+
+
+def spec_from_keywords(public: str, keywords: Mapping[str, Any], also: Sequence[str] = ()) -> JobSpec:
+    """Builds a :class:`JobSpec` from the keywords of a call such as ``Forkbox.run``.
+
+    The limit keywords (``memory_mb``, ``pids``, ...) fill the job's ``limits`` and take
+    precedence over the same keys in ``limits=``. An unknown keyword is a ``TypeError`` that
+    names ``public`` (the call as users write it) and suggests the keyword that was probably
+    meant among the job's and ``also`` (the call's own keywords, e.g. ``wait_timeout``).
+    """
+    for k in keywords:
+        if k not in SPEC_KEYWORDS:
+            names = list(SPEC_KEYWORDS) + list(also)
+            raise TypeError(f"{public}() got an unexpected keyword argument {k!r}{_suggest(k, names)}")
+    job = {k: v for k, v in keywords.items() if k not in LIMIT_FIELDS}
+    flat = {k: v for k, v in keywords.items() if k in LIMIT_FIELDS and v is not None}
+    if flat:
+        base = job.get("limits")
+        merged: Dict[str, Any] = base.to_wire() if isinstance(base, Limits) else dict(base or {})
+        merged.update(flat)
+        job["limits"] = merged
+    return JobSpec(**job)
+
+
+def build_job(cmd: Optional[str] = None, **keywords: Any) -> Dict[str, Any]:
+    """Builds a v1 job's wire form from the keywords of :class:`JobSpec` (the limits may be
+    given flat: ``memory_mb=...``)."""
+    return spec_from_keywords("build_job", dict(keywords, cmd=cmd)).to_job()
 
 
 def _int(job: Mapping[str, Any], field: str, lo: int, hi: int) -> None:

@@ -45,10 +45,10 @@ from typing import (
 
 from ._schema import ENQUEUE_LUA, JOB_STATE_LUA, SCHEMA, key
 from .errors import JobRejected, PartitionsMismatch, ProtocolError, Timeout
-from .job import Data, build_job, checked_keywords, normalize_job, validate_job
+from .job import JobSpec, normalize_job, spec_from_keywords, validate_job
 from .result import Result
 
-__all__ = ["Queue", "Batch", "JobSpec", "DEFAULT_REDIS_URL", "redis_url_from_env"]
+__all__ = ["Queue", "Batch", "JobLike", "JobSpec", "DEFAULT_REDIS_URL", "redis_url_from_env"]
 
 #: The queue's result lifetime when a job sets no ``result_ttl_s`` (docs/protocol.md).
 DEFAULT_RESULT_TTL_S: int = SCHEMA["defaults"]["result_ttl_s"]
@@ -74,8 +74,9 @@ def redis_url_from_env() -> str:
         return old
     return DEFAULT_REDIS_URL
 
-#: What ``Queue.map`` and ``Queue.batch`` accept per job: a v1 job object, or a shell string.
-JobSpec = Union[Mapping[str, Any], str]
+#: What ``Queue.map`` and ``Queue.batch`` accept per job: a :class:`JobSpec`, a v1 job object,
+#: or a shell string.
+JobLike = Union[JobSpec, Mapping[str, Any], str]
 
 try:  # redis is the one runtime dependency, but keep `import forkbox` working without it.
     import redis as _redis
@@ -114,7 +115,7 @@ def partition_of(job_id: str, partitions: int) -> int:
     return binascii.crc_hqx(job_id.encode(), 0) % max(partitions, 1)
 
 
-def _as_job(spec: JobSpec) -> Dict[str, Any]:
+def _as_job(spec: JobLike) -> Dict[str, Any]:
     if isinstance(spec, str):
         return normalize_job({"cmd": spec})
     return normalize_job(spec)
@@ -387,65 +388,21 @@ class Queue:
 
     # -- submitting ----------------------------------------------------------------------
 
-    @checked_keywords("Queue.submit")
-    def submit(
-        self,
-        job: Optional[JobSpec] = None,
-        *,
-        cmd: Optional[str] = None,
-        argv: Optional[Sequence[str]] = None,
-        timeout_ms: Optional[int] = None,
-        stdin: Optional[Data] = None,
-        env: Optional[Mapping[str, str]] = None,
-        files: Optional[Mapping[str, Data]] = None,
-        cwd: Optional[str] = None,
-        collect: Optional[Sequence[str]] = None,
-        memory_mb: Optional[int] = None,
-        pids: Optional[int] = None,
-        cpu_ms: Optional[int] = None,
-        output_bytes: Optional[int] = None,
-        disk_mb: Optional[int] = None,
-        file_size_mb: Optional[int] = None,
-        open_files: Optional[int] = None,
-        limits: Optional[Mapping[str, int]] = None,
-        batch: Optional[str] = None,
-        result_ttl_s: Optional[int] = None,
-        max_attempts: Optional[int] = None,
-        reply_to: Optional[str] = None,
-        runtime: Optional[str] = None,
-        output_mode: Optional[str] = None,
-        network: Optional[str] = None,
-        id: Optional[str] = None,
-    ) -> str:
+    def submit(self, job: Optional[JobLike] = None, **spec: Any) -> str:
         """Enqueues one job and returns its id.
 
-        Pass a v1 job object (``{"cmd": ..., "limits": {...}}``) or a shell string as ``job``,
-        or the keywords of :meth:`forkbox.Forkbox.run` (plus ``batch``, ``result_ttl_s``,
-        ``max_attempts``, ``reply_to``, ``runtime``, ``output_mode``, ``network``).
+        Pass a :class:`~forkbox.JobSpec`, a v1 job object (``{"cmd": ..., "limits": {...}}``) or
+        a shell string as ``job``, or the keywords of :meth:`forkbox.Forkbox.run` (the fields of
+        :class:`~forkbox.JobSpec`, with ``batch``, ``result_ttl_s``, ``max_attempts``,
+        ``reply_to``, and of :class:`~forkbox.Limits`).
         """
-        if job is not None:
-            kw = dict(
-                cmd=cmd, argv=argv, timeout_ms=timeout_ms, stdin=stdin, env=env, files=files,
-                cwd=cwd, collect=collect, memory_mb=memory_mb, pids=pids, cpu_ms=cpu_ms,
-                output_bytes=output_bytes, disk_mb=disk_mb, file_size_mb=file_size_mb,
-                open_files=open_files, limits=limits, batch=batch, result_ttl_s=result_ttl_s,
-                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime,
-                output_mode=output_mode, network=network, id=id,
-            )  # fmt: skip
-            extra = sorted(k for k, v in kw.items() if v is not None)
-            if extra:
-                raise TypeError(f"give a job object or keywords, not both (got {', '.join(extra)})")
-            wire = _as_job(job)
-        else:
-            wire = build_job(
-                cmd, argv=argv, timeout_ms=timeout_ms, stdin=stdin, env=env, files=files,
-                cwd=cwd, collect=collect, memory_mb=memory_mb, pids=pids, cpu_ms=cpu_ms,
-                output_bytes=output_bytes, disk_mb=disk_mb, file_size_mb=file_size_mb,
-                open_files=open_files, limits=limits, batch=batch, result_ttl_s=result_ttl_s,
-                max_attempts=max_attempts, reply_to=reply_to, runtime=runtime,
-                output_mode=output_mode, network=network, id=id,
-            )  # fmt: skip
-        return self._enqueue([wire])[0]
+        given = spec_from_keywords("Queue.submit", spec)
+        if job is None:
+            return self._enqueue([given.to_job()])[0]
+        extra = sorted(k for k, v in spec.items() if v is not None)
+        if extra:
+            raise TypeError(f"give a job object or keywords, not both (got {', '.join(extra)})")
+        return self._enqueue([_as_job(job)])[0]
 
     def _enqueue(self, jobs: Sequence[Dict[str, Any]]) -> List[str]:
         """Runs the enqueue script for each job, pipelined (see :meth:`_enqueue_entries`)."""
@@ -563,7 +520,7 @@ class Queue:
 
     def map(
         self,
-        jobs: Iterable[JobSpec],
+        jobs: Iterable[JobLike],
         *,
         concurrency: int = 64,
         progress: bool = False,
@@ -681,7 +638,7 @@ class Queue:
 
     # -- batches and cancellation ----------------------------------------------------------
 
-    def batch(self, jobs: Iterable[JobSpec], *, batch_id: Optional[str] = None, chunk: int = 500) -> Batch:
+    def batch(self, jobs: Iterable[JobLike], *, batch_id: Optional[str] = None, chunk: int = 500) -> Batch:
         """Submits jobs as one batch (counted in ``forkbox:{Q}:batch:<id>``, on each partition
         for its jobs) and returns it."""
         bid = batch_id or uuid.uuid4().hex
