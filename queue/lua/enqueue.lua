@@ -1,13 +1,15 @@
 -- Enqueue one job unless its id is already pending or its result is still alive.
 --
--- KEYS[1] jobs stream   KEYS[2] idem marker   KEYS[3] result   KEYS[4] batch hash
+-- KEYS[1] jobs stream   KEYS[2] idem marker   KEYS[3] batch hash
 -- ARGV[1] job JSON      ARGV[2] marker/batch TTL in seconds
--- ARGV[3] '1' when the job counts towards the batch in KEYS[4]
+-- ARGV[3] '1' when the job counts towards the batch in KEYS[3]
 --
--- Returns {1, entry id} when the job was added, {0, entry id of the first copy or ''} when not.
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  return {0, ''}
-end
+-- The marker lives while the job is pending and then as long as its result (the completion
+-- script sets it, for an entry added by a raw XADD too), so it alone says whether the id is
+-- taken: the script never touches the result key, which a submitter may not write (every key
+-- a script is given must be writable by the caller's ACL user).
+--
+-- Returns {1, entry id} when the job was added, {0, entry id of the first copy} when not.
 local first = redis.call('GET', KEYS[2])
 if first then
   return {0, first}
@@ -16,7 +18,7 @@ end
 local entry = redis.call('XADD', KEYS[1], '*', 'job', ARGV[1], 'vetted', '1')
 redis.call('SET', KEYS[2], entry, 'EX', ARGV[2])
 if ARGV[3] == '1' then
-  redis.call('HINCRBY', KEYS[4], 'total', 1)
-  redis.call('EXPIRE', KEYS[4], ARGV[2])
+  redis.call('HINCRBY', KEYS[3], 'total', 1)
+  redis.call('EXPIRE', KEYS[3], ARGV[2])
 end
 return {1, entry}

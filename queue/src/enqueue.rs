@@ -84,7 +84,6 @@ impl Queue {
                     .enqueue
                     .key(self.keys.jobs())
                     .key(self.keys.idem(&id))
-                    .key(self.keys.result(&id))
                     .key(batch_key)
                     .arg(payload)
                     .arg(self.ttl_for(job.result_ttl_s))

@@ -86,6 +86,7 @@ pub(crate) struct Scripts {
     pub hand_back: Script,
     pub remove_consumer: Script,
     pub dlq_requeue: Script,
+    pub rights: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -95,6 +96,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     hand_back: Script::new(include_str!("../lua/hand_back.lua")),
     remove_consumer: Script::new(include_str!("../lua/remove_consumer.lua")),
     dlq_requeue: Script::new(include_str!("../lua/dlq_requeue.lua")),
+    rights: Script::new(include_str!("../lua/rights.lua")),
 });
 
 /// Where a broker's Redis is.

@@ -485,7 +485,6 @@ class Queue:
                 keys=[
                     self.jobs_key_of(partition),
                     self.idem_key(j["id"]),
-                    self.result_key(j["id"]),
                     self.batch_key(batch if isinstance(batch, str) else "", partition),
                 ],
                 args=[json.dumps(j, ensure_ascii=False, separators=(",", ":")), ttl, "1" if isinstance(batch, str) else "0"],
