@@ -361,3 +361,34 @@ async fn the_acl_roles_run_a_worker_a_submitter_and_a_monitor() {
         text(&out.stderr)
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_says_whether_redis_keeps_its_data() {
+    let volatile = start_redis();
+    let out = cli(&["check"], &["--redis".into(), volatile.url()]).await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("warn  redis persistence: off"), "{stdout}");
+    assert!(
+        stdout.contains("ok    redis maxmemory-policy: noeviction"),
+        "{stdout}"
+    );
+    let durable = RedisServer::start_persistent().unwrap();
+    let mut c = conn(&durable.url()).await;
+    let _: () = forkbox_queue::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let out = cli(&["check"], &["--redis".into(), durable.url()]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("ok    redis persistence: append-only file on"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("warn  redis maxmemory-policy: allkeys-lru evicts"),
+        "{stdout}"
+    );
+}
