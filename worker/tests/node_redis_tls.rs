@@ -392,3 +392,40 @@ async fn check_says_whether_redis_keeps_its_data() {
         "{stdout}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
+    let mut server = start_redis();
+    let url = server.url();
+    let mut w = WorkerProc::start(&url, "lossy", &["--queues", "lossy", "--slots", "1"]);
+    w.wait_ready();
+    // No persistence: the restarted server is empty, the consumer group included.
+    server.restart().unwrap();
+    let log = poll(
+        std::time::Duration::from_secs(60),
+        "the data-loss warning",
+        || {
+            let log = w.log();
+            async move { log.contains("Redis lost data").then_some(log) }
+        },
+    )
+    .await;
+    assert!(log.contains("forkbox:{lossy}:jobs"), "{log}");
+    let out = cli(
+        &[
+            "submit",
+            "-q",
+            "lossy",
+            "--wait",
+            "--timeout",
+            "60",
+            "--",
+            "echo",
+            "still here",
+        ],
+        &["--redis".into(), url],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "still here\n");
+}
