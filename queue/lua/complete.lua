@@ -56,8 +56,11 @@ local function finish()
     if ARGV[8] == '1' then
       redis.pcall('XADD', KEYS[6], 'MAXLEN', '~', ARGV[3], '*', 'result', ARGV[1])
     end
-    -- A missing marker (a raw XADD) stays missing: EXPIRE does nothing to it.
-    redis.call('EXPIRE', KEYS[7], ttl)
+    -- The marker outlives the job as long as its result, so that the enqueue script refuses
+    -- the id by the marker alone; an entry added by a raw XADD gets one here.
+    if redis.call('EXPIRE', KEYS[7], ttl) == 0 then
+      redis.call('SET', KEYS[7], ARGV[6], 'EX', ttl)
+    end
     stored = 1
   end
   if #ARGV > 11 then

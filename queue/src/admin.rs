@@ -80,6 +80,40 @@ impl BatchStatus {
 }
 
 impl Queue {
+    /// The first command a worker node runs on this queue's keys that Redis' ACL refuses to
+    /// this connection's user, as `COMMAND on KEY`; `None` when it may run them all. Checked
+    /// with `redis.acl_check_cmd` inside a script, so nothing is run; a user that may not even
+    /// run the script gets the `NOPERM` error, which names `evalsha`.
+    pub async fn missing_worker_right(&self, consumer: &str) -> Result<Option<String>, QueueError> {
+        let k = &self.keys;
+        let probe = "forkbox-rights-probe";
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(
+            SCRIPTS
+                .rights
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(k.jobs())
+                .arg(k.result(probe))
+                .arg(k.done(probe))
+                .arg(k.results())
+                .arg(k.dead())
+                .arg(k.idem(probe))
+                .arg(k.batch(probe))
+                .arg(k.worker(consumer))
+                .arg(k.cancelled()),
+        );
+        let (missing,): (String,) = self
+            .broker
+            .query_scripted(&pipe, &[&SCRIPTS.rights])
+            .await
+            .map_err(|source| QueueError::Rights {
+                queue: self.name().to_owned(),
+                source,
+            })?;
+        Ok((!missing.is_empty()).then_some(missing))
+    }
+
     fn stats_err(&self, source: redis::RedisError) -> QueueError {
         QueueError::Stats {
             queue: self.name().to_owned(),

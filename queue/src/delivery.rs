@@ -205,6 +205,20 @@ fn valid_id(id: &str) -> bool {
 }
 
 impl Queue {
+    /// Recreates the consumer group after a command found it gone, saying what that means. The
+    /// group is made before the first read and never deleted: Redis lost it (a restart without
+    /// persistence, a `FLUSHALL`, a failover to an empty replica), and with it every queued job
+    /// and stored result of the stream.
+    pub(crate) async fn recreate_lost_group(&self) -> Result<(), QueueError> {
+        tracing::warn!(
+            "Redis lost data: the consumer group {GROUP} of {} is gone (Redis restarted without \
+             persistence, or was flushed); recreating it. Jobs queued and results stored before \
+             are lost; results of jobs running now cannot be stored (their entries are gone)",
+            self.keys.jobs()
+        );
+        self.ensure_group().await
+    }
+
     pub(crate) fn read_err(&self, source: redis::RedisError) -> QueueError {
         QueueError::Read {
             queue: self.name().to_owned(),
@@ -250,7 +264,7 @@ impl Queue {
         let block = (block_ms > 0).then(|| std::time::Duration::from_millis(block_ms));
         let reply = match self.run_read_until(&cmd, block, wake.as_deref_mut()).await {
             Err(e) if e.code() == Some("NOGROUP") => {
-                self.ensure_group().await?;
+                self.recreate_lost_group().await?;
                 self.run_read_until(&cmd, block, wake).await
             }
             r => r,
@@ -361,7 +375,7 @@ impl Queue {
         let r: redis::RedisResult<(Value, Value)> = pipe.query_async(&mut self.conn()).await;
         let (read, pending) = match r {
             Err(e) if e.code() == Some("NOGROUP") => {
-                self.ensure_group().await?;
+                self.recreate_lost_group().await?;
                 return Ok(Vec::new());
             }
             r => r.map_err(|e| self.read_err(e))?,

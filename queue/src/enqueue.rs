@@ -85,7 +85,6 @@ impl Queue {
                     .enqueue
                     .key(self.keys.jobs())
                     .key(self.keys.idem(&id))
-                    .key(self.keys.result(&id))
                     .key(batch_key)
                     .key(self.keys.cancel_ahead())
                     .key(self.keys.cancelled())

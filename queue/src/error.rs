@@ -113,6 +113,12 @@ pub enum QueueError {
         #[source]
         source: redis::RedisError,
     },
+    #[error("checking this user's Redis rights on queue {queue}: {source}")]
+    Rights {
+        queue: String,
+        #[source]
+        source: redis::RedisError,
+    },
     #[error("reading stats of queue {queue}: {source}")]
     Stats {
         queue: String,
@@ -181,6 +187,7 @@ impl QueueError {
             | Cancel { source, .. }
             | Heartbeat { source, .. }
             | Stats { source, .. }
+            | Rights { source, .. }
             | RemoveConsumers { source, .. }
             | Dlq { source, .. }
             | Batch { source, .. }

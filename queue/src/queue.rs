@@ -87,6 +87,7 @@ pub(crate) struct Scripts {
     pub remove_consumer: Script,
     pub dlq_requeue: Script,
     pub job_state: Script,
+    pub rights: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -97,6 +98,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     remove_consumer: Script::new(include_str!("../lua/remove_consumer.lua")),
     dlq_requeue: Script::new(include_str!("../lua/dlq_requeue.lua")),
     job_state: Script::new(crate::contract::JOB_STATE_LUA),
+    rights: Script::new(include_str!("../lua/rights.lua")),
 });
 
 /// Where a broker's Redis is.

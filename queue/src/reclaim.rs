@@ -82,7 +82,7 @@ impl Queue {
                 .await;
             let v = match r {
                 Err(e) if e.code() == Some("NOGROUP") => {
-                    self.ensure_group().await?;
+                    self.recreate_lost_group().await?;
                     break;
                 }
                 r => r.map_err(err)?,

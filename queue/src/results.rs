@@ -74,10 +74,14 @@ impl Queue {
                 .run_read(&cmd, Some(Duration::from_secs_f64(block)))
                 .await
                 .map_err(|e| self.results_err(e))?;
+            // The result is stored before the wake-up element, in one script: it is there now,
+            // unless it expired meanwhile. A wake-up without one (a `done:` entry pushed by
+            // some other client: a submitter's ACL role may write there to wait) is no
+            // answer: wait on.
             if woke != redis::Value::Nil {
-                // The result is stored before the wake-up element, in one script: it is there
-                // now, unless it was deleted or expired with it.
-                return self.result(id).await;
+                if let Some(r) = self.result(id).await? {
+                    return Ok(Some(r));
+                }
             }
         }
     }

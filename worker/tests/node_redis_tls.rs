@@ -273,3 +273,159 @@ async fn acl_user_and_password_in_the_url() {
         "the log shows the password: {log}"
     );
 }
+
+/// A server whose users are the ACL roles of docs/operations.md for queue `roles`, each with
+/// password `pw-ROLE`.
+fn roles_server() -> RedisServer {
+    let page = std::fs::read_to_string(repo_file("docs/operations.md")).unwrap();
+    let acl: Vec<String> = page
+        .lines()
+        .filter(|l| l.starts_with("user forkbox-"))
+        .map(|l| {
+            let mut line = l.replace("{Q}", "{roles}");
+            for role in ["WORKER", "SUBMITTER", "MONITOR"] {
+                line = line.replace(
+                    &format!(">{role}_PASSWORD"),
+                    &format!(">pw-{}", role.to_lowercase()),
+                );
+            }
+            line
+        })
+        .collect();
+    assert_eq!(acl.len(), 3, "{acl:?}");
+    // Redis reads the file at start only.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("users.acl");
+    std::fs::write(&file, acl.join("\n") + "\nuser default off\n").unwrap();
+    RedisServer::start_with(RedisServerOptions {
+        extra_args: vec!["--aclfile".into(), file.display().to_string()],
+        ..RedisServerOptions::default()
+    })
+    .expect("redis-server with the ACL roles")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_acl_roles_run_a_worker_a_submitter_and_a_monitor() {
+    let server = roles_server();
+    let url = |role: &str| {
+        format!(
+            "redis://forkbox-{role}:pw-{role}@127.0.0.1:{}/",
+            server.port()
+        )
+    };
+
+    // A node with the submitter's rights stops at start, naming what it lacks.
+    let mut under = WorkerProc::start(&url("submitter"), "roles-under", &["--queues", "roles"]);
+    let status = under.wait_exit(std::time::Duration::from_secs(60));
+    assert!(!status.success());
+    let log = under.log();
+    assert!(
+        log.contains("ACL refuses this node's user") && log.contains(" on forkbox:{roles}:"),
+        "{log}"
+    );
+
+    let mut w = WorkerProc::start(
+        &url("worker"),
+        "roles-worker",
+        &["--queues", "roles", "--slots", "1"],
+    );
+    w.wait_ready();
+    let out = cli(
+        &["submit", "-q", "roles", "--wait", "--", "echo", "by role"],
+        &["--redis".into(), url("submitter")],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "by role\n");
+    let out = cli(
+        &["stats", "-q", "roles", "--json"],
+        &["--redis".into(), url("monitor")],
+    )
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("roles-worker"),
+        "{}",
+        text(&out.stdout)
+    );
+    // The monitor cannot submit; the error names the refusal.
+    let out = cli(
+        &["submit", "-q", "roles", "--", "true"],
+        &["--redis".into(), url("monitor")],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("NOPERM"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn check_says_whether_redis_keeps_its_data() {
+    let volatile = start_redis();
+    let out = cli(&["check"], &["--redis".into(), volatile.url()]).await;
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("warn  redis persistence: off"), "{stdout}");
+    assert!(
+        stdout.contains("ok    redis maxmemory-policy: noeviction"),
+        "{stdout}"
+    );
+    let durable = RedisServer::start_persistent().unwrap();
+    let mut c = conn(&durable.url()).await;
+    let _: () = forkbox_queue::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg("allkeys-lru")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let out = cli(&["check"], &["--redis".into(), durable.url()]).await;
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("ok    redis persistence: append-only file on"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("warn  redis maxmemory-policy: allkeys-lru evicts"),
+        "{stdout}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
+    let mut server = start_redis();
+    let url = server.url();
+    let mut w = WorkerProc::start(&url, "lossy", &["--queues", "lossy", "--slots", "1"]);
+    w.wait_ready();
+    // No persistence: the restarted server is empty, the consumer group included.
+    server.restart().unwrap();
+    let log = poll(
+        std::time::Duration::from_secs(60),
+        "the data-loss warning",
+        || {
+            let log = w.log();
+            async move { log.contains("Redis lost data").then_some(log) }
+        },
+    )
+    .await;
+    assert!(log.contains("forkbox:{lossy}:jobs"), "{log}");
+    let out = cli(
+        &[
+            "submit",
+            "-q",
+            "lossy",
+            "--wait",
+            "--timeout",
+            "60",
+            "--",
+            "echo",
+            "still here",
+        ],
+        &["--redis".into(), url],
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "still here\n");
+}

@@ -6,7 +6,7 @@ use forkbox::check;
 use forkbox::sandbox::{self, Engine};
 use forkbox_queue::schema::{Job, Network, Status};
 
-use super::opts::SandboxOpts;
+use super::opts::{RedisTlsOpts, SandboxOpts};
 use super::runtime;
 
 /// Runs `/bin/true` with each network, proving a sandbox of either can be built, and says
@@ -44,10 +44,29 @@ fn network_check(engine: &Engine, opts: &SandboxOpts) -> anyhow::Result<Option<S
     Ok(failed)
 }
 
-pub fn main(opts: SandboxOpts) -> anyhow::Result<ExitCode> {
+/// Options of `forkbox check`.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Also check this Redis: whether it keeps data across a restart (persistence) and
+    /// whether its maxmemory-policy would evict jobs and results.
+    #[arg(long, value_name = "URL")]
+    pub redis: Option<String>,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsOpts,
+    #[command(flatten)]
+    pub sandbox: SandboxOpts,
+}
+
+pub fn main(args: CheckArgs) -> anyhow::Result<ExitCode> {
+    let opts = args.sandbox;
     let report = check::probe_host();
     for line in &report.lines {
         println!("{line}");
+    }
+    if let Some(url) = &args.redis {
+        for line in runtime()?.block_on(redis_lines(url, &args.redis_tls.tls()))? {
+            println!("{line}");
+        }
     }
     let engine = Engine::start(opts.engine_config(1));
     let mut fatal = report.fatal.clone();
@@ -148,4 +167,115 @@ fn python_check(engine: &Engine) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// `forkbox check --redis`'s lines: persistence and eviction, read with `CONFIG GET`.
+async fn redis_lines(url: &str, tls: &forkbox_queue::RedisTls) -> anyhow::Result<Vec<String>> {
+    use forkbox_queue::redis;
+    let broker = super::client::connect(url, tls).await?;
+    let mut conn = broker.connection();
+    let get = |name: &'static str| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        cmd
+    };
+    type Setting = std::collections::HashMap<String, String>;
+    let config: redis::RedisResult<(Setting, Setting, Setting)> = redis::pipe()
+        .add_command(get("appendonly"))
+        .add_command(get("save"))
+        .add_command(get("maxmemory-policy"))
+        .query_async(&mut conn)
+        .await;
+    Ok(match config {
+        Ok((aof, save, policy)) => redis_findings(
+            aof.get("appendonly").map(String::as_str),
+            save.get("save").map(String::as_str),
+            policy.get("maxmemory-policy").map(String::as_str),
+        ),
+        Err(e) => vec![format!(
+            "warn  redis: could not read its configuration ({e}); check by hand that \
+             persistence is on and maxmemory-policy is noeviction"
+        )],
+    })
+}
+
+/// What `CONFIG GET appendonly`, `save` and `maxmemory-policy` mean for jobs and results.
+fn redis_findings(
+    appendonly: Option<&str>,
+    save: Option<&str>,
+    policy: Option<&str>,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    let aof = appendonly == Some("yes");
+    let rdb = save.is_some_and(|s| !s.trim().is_empty());
+    lines.push(match (aof, rdb) {
+        (true, _) => "ok    redis persistence: append-only file on".to_owned(),
+        (false, true) => format!(
+            "warn  redis persistence: RDB snapshots only (save {}): a crash loses what was \
+             written since the last snapshot, jobs and results included",
+            save.unwrap_or_default()
+        ),
+        (false, false) => "warn  redis persistence: off (no append-only file, no snapshots): a \
+                           Redis restart loses every queued job and stored result"
+            .to_owned(),
+    });
+    lines.push(match policy {
+        Some("noeviction") => "ok    redis maxmemory-policy: noeviction".to_owned(),
+        Some(p) => format!(
+            "warn  redis maxmemory-policy: {p} evicts keys at the memory limit, job streams and \
+             results included (workers refuse it without --allow-eviction)"
+        ),
+        None => "warn  redis maxmemory-policy: not reported; make sure it is noeviction".to_owned(),
+    });
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redis_findings;
+
+    #[test]
+    fn persistence_and_eviction_findings() {
+        let cases = [
+            (
+                Some("yes"),
+                Some(""),
+                Some("noeviction"),
+                ["ok    redis persistence", "ok    redis maxmemory"],
+            ),
+            (
+                Some("no"),
+                Some("3600 1"),
+                Some("noeviction"),
+                ["warn  redis persistence: RDB", "ok    redis maxmemory"],
+            ),
+            (
+                Some("no"),
+                Some(""),
+                Some("allkeys-lru"),
+                [
+                    "warn  redis persistence: off",
+                    "warn  redis maxmemory-policy: allkeys-lru",
+                ],
+            ),
+            (
+                None,
+                None,
+                None,
+                [
+                    "warn  redis persistence: off",
+                    "warn  redis maxmemory-policy: not reported",
+                ],
+            ),
+        ];
+        for (aof, save, policy, want) in cases {
+            let got = redis_findings(aof, save, policy);
+            for (line, prefix) in got.iter().zip(want) {
+                assert!(
+                    line.starts_with(prefix),
+                    "{aof:?} {save:?} {policy:?}: {line}"
+                );
+            }
+        }
+    }
 }

@@ -38,7 +38,7 @@ pub enum Command {
     Run(run::RunCmd),
     /// Report what this host supports and how each limit is enforced; exits non-zero when no
     /// sandbox can be made here.
-    Check(opts::SandboxOpts),
+    Check(check::CheckArgs),
     /// Measure sandbox spawn cost against bare fork+exec and bubblewrap.
     Bench(bench::BenchCmd),
     /// Serve jobs over a local Unix socket (newline-delimited JSON), for the Python SDK.
@@ -72,7 +72,7 @@ pub fn main(cli: Cli) -> ExitCode {
     use client::{BatchCommand, DlqCommand};
     let result = match cli.command {
         Command::Run(cmd) => run::main(cmd),
-        Command::Check(opts) => check::main(opts),
+        Command::Check(args) => check::main(args),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Daemon(cmd) => daemon::main(cmd),
         Command::Schema => serde_json::to_string_pretty(&forkbox_queue::contract::contract())

@@ -49,4 +49,9 @@ pub enum NodeError {
          accept the loss"
     )]
     EvictionPolicy { policy: String },
+    #[error(
+        "Redis' ACL refuses this node's user {missing} (queue {queue}); give it the worker \
+         role of docs/operations.md (\"ACL roles\")"
+    )]
+    MissingRight { queue: String, missing: String },
 }

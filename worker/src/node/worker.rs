@@ -143,6 +143,20 @@ impl Node {
             // Before reading anything: a worker with another partition count than the queue's
             // would leave partitions unread.
             queue.check_layout().await.map_err(open_err)?;
+            // Before reading anything: a user without a right the node needs would fail at
+            // the first job (its result unstored), or retry for ever.
+            for partition in queue.partitions() {
+                let missing = partition
+                    .missing_worker_right(&config.name)
+                    .await
+                    .map_err(open_err)?;
+                if let Some(missing) = missing {
+                    return Err(NodeError::MissingRight {
+                        queue: q.clone(),
+                        missing,
+                    });
+                }
+            }
             queues.push(queue);
         }
         let set = QueueSet::of_partitioned(queues).map_err(|source| NodeError::OpenQueue {

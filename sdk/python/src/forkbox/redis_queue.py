@@ -469,7 +469,6 @@ class Queue:
                 keys=[
                     self.jobs_key_of(partition),
                     self.idem_key(j["id"]),
-                    self.result_key(j["id"]),
                     self.batch_key(batch if isinstance(batch, str) else "", partition),
                     key("cancel_ahead", tag),
                     key("cancelled", tag),
