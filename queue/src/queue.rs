@@ -97,7 +97,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     hand_back: Script::new(include_str!("../lua/hand_back.lua")),
     remove_consumer: Script::new(include_str!("../lua/remove_consumer.lua")),
     dlq_requeue: Script::new(include_str!("../lua/dlq_requeue.lua")),
-    job_state: Script::new(crate::contract::JOB_STATE_LUA),
+    job_state: Script::new(include_str!("../lua/job_state.lua")),
     rights: Script::new(include_str!("../lua/rights.lua")),
 });
 
