@@ -104,13 +104,14 @@ async fn each_role_can_do_its_work_and_nothing_else() {
         panic!("worker: {e}; ACL log: {}", acl_log(&server).await);
     }
 
-    // A submitter: the enqueue script, a raw XADD, cancel, batch status.
+    // A submitter: the enqueue script, a raw XADD, where a job is, cancel, batch status.
     let s = Broker::connect(&url(&server, "submitter")).await.unwrap();
     let sq = s.queue(QUEUE, QueueConfig::default()).unwrap();
     let submitter_ops = async {
         sq.enqueue(&job("acl-1")).await?;
         sq.enqueue_raw(br#"{"id":"acl-raw","cmd":"true"}"#).await?;
         sq.enqueue_batch(&[job("acl-b1")], "b").await?;
+        sq.job_state("acl-1").await?;
         sq.cancel("acl-raw").await?;
         sq.batch_status("b").await?;
         sq.result("acl-1").await?;

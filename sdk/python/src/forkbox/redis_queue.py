@@ -658,8 +658,9 @@ class Queue:
     def job_state(self, job_id: str) -> str:
         """Where a job is: ``"queued"``, ``"running"``, ``"finished"`` or ``"unknown"`` (never
         submitted, its result expired, or added by a raw ``XADD`` under an id of its own)."""
-        keys = [self.result_key(job_id), self.done_key(job_id), self.idem_key(job_id), self.jobs_key_of(self.partition_of(job_id))]
-        args = [job_id, SCHEMA["group"]]
+        # The result key is read, not written, so it goes as an argument (see job_state.lua).
+        keys = [self.done_key(job_id), self.idem_key(job_id), self.jobs_key_of(self.partition_of(job_id))]
+        args = [job_id, SCHEMA["group"], self.result_key(job_id)]
         if self.cluster:
             reply = self._on_queue_node(lambda c: self._job_state_script(keys=keys, args=args, client=c), keys[0])
         else:
