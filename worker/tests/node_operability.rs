@@ -568,7 +568,8 @@ fn up_takes_a_port_and_says_what_it_does_when_nothing_listens() {
         "{stderr}"
     );
     assert!(
-        stdout.contains(&format!("redis:   redis://127.0.0.1:{port}/")),
+        // The private server's password is never shown, only where to read it.
+        stdout.contains(&format!("redis:   redis://***@127.0.0.1:{port}/")),
         "{stdout}"
     );
 }
