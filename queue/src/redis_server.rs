@@ -438,8 +438,8 @@ fn free_port_besides(taken: u16) -> Result<u16, RedisServerError> {
 }
 
 /// True when the server answers `+PONG` (not `-LOADING` while it replays its AOF), after
-/// `AUTH` with `password` when one is given, or `-NOAUTH` (it wants a password it was given
-/// another way). A TLS server is ready once it accepts a connection: without persistence it
+/// `AUTH` with `password` when one is given, or, when none is, `-NOAUTH` (it wants a password
+/// it was given another way). A TLS server is ready once it accepts a connection: without persistence it
 /// has nothing to load.
 fn ping(port: u16, password: Option<&str>, tls: bool) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
@@ -469,7 +469,7 @@ fn ping(port: u16, password: Option<&str>, tls: bool) -> bool {
         .split(|&b| b == b'\n')
         .nth(replies - 1)
         .unwrap_or_default();
-    last.starts_with(b"+PONG") || last.starts_with(b"-NOAUTH")
+    last.starts_with(b"+PONG") || (password.is_none() && last.starts_with(b"-NOAUTH"))
 }
 
 /// util-linux's `setpriv`, when it is in `PATH`.
