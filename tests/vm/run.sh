@@ -49,7 +49,7 @@ KERNEL=${FORKBOX_VM_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n
 # --- the test binaries, built on the host ----------------------------------------------------
 echo "vm: building the test binaries"
 artifacts=$("$CARGO" test -p forkbox --no-run --lib --test cgroup_limits --test runtimes \
-  --test sandbox --test sandbox_kernel_state --message-format=json 2>/dev/null) ||
+  --test sandbox --test sandbox_kernel_state --test killed_usage --message-format=json 2>/dev/null) ||
   fail "cargo test --no-run failed"
 exe() {
   python3 -c '
@@ -67,7 +67,8 @@ CGROUP=$(exe cgroup_limits)
 RUNTIMES=$(exe runtimes)
 SANDBOX=$(exe sandbox)
 KERNEL_STATE=$(exe sandbox_kernel_state)
-for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE"; do
+KILLED_USAGE=$(exe killed_usage)
+for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE" "$KILLED_USAGE"; do
   [ -x "$b" ] || fail "test binary not found ($b)"
 done
 
@@ -82,6 +83,9 @@ mkdir -p "$OUT"
   printf '%s\t%s\t%s\n' sandbox-limits "$SANDBOX" "check_reports_capabilities_and_mechanisms"
   # Root with every capability (CAP_SYS_RESOURCE, which this host's root may lack).
   printf '%s\t%s\t%s\n' oom-rank "$KERNEL_STATE" "jobs_are_the_oom_killers_first_choice"
+  # A stopped job's usage read from its cgroup (cpu.stat, memory.peak), where the host's own
+  # run reads it from the sandbox's /proc.
+  printf '%s\t%s\t%s\n' killed-usage "$KILLED_USAGE" ""
 } >"$OUT/plan"
 
 # --- one boot --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use forkbox::sandbox::runtime::python::{PythonRuntime, PythonSettings};
 use forkbox::sandbox::{Engine, EngineConfig};
 use forkbox_queue::schema::{Job, Limits, Outcome, Runtime, Status};
 
-use sandbox_support::{forkbox, identities, BIN};
+use sandbox_support::{emulated_guest, forkbox, identities, BIN};
 
 /// What every job holds and burns before it is stopped.
 const HELD_KB: u64 = 64 * 1024;
@@ -31,6 +31,28 @@ fn program(then: &str) -> String {
 }
 
 const SPIN: &str = "while True: pass";
+
+/// The wall time a job is given before it is stopped from outside (its timeout, a cancel):
+/// enough to start Python, hold its memory and burn its share, and several times that in the VM
+/// tier's emulated guest, where starting the interpreter alone takes seconds. The outcome says
+/// whether it was enough ("stopped too early").
+fn grace_ms() -> u64 {
+    if emulated_guest() {
+        20_000
+    } else {
+        4_000
+    }
+}
+
+/// The CPU limit of the `cpu_limit` case: past what starting Python and holding its memory take
+/// before the burn (in the emulated guest that start alone has taken over a CPU second).
+fn cpu_limit_ms() -> u64 {
+    if emulated_guest() {
+        8_000
+    } else {
+        1_500
+    }
+}
 
 fn python(program: &str, warm: bool) -> Job {
     Job {
@@ -83,7 +105,7 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
     for warm in [false, true] {
         let kind = if warm { "warm" } else { "cold" };
         let timed_out = Job {
-            timeout_ms: Some(4_000),
+            timeout_ms: Some(grace_ms()),
             ..python(&program(SPIN), warm)
         };
         let out = engine.run(&timed_out).await;
@@ -94,7 +116,7 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
                 output_bytes: Some(1000),
                 ..Limits::default()
             },
-            timeout_ms: Some(30_000),
+            timeout_ms: Some(3 * grace_ms()),
             ..python(&program("while True: sys.stdout.write('y' * 4096)"), warm)
         };
         let out = engine.run(&flooded).await;
@@ -102,23 +124,24 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
 
         let over_cpu = Job {
             limits: Limits {
-                cpu_ms: Some(1_500),
+                cpu_ms: Some(cpu_limit_ms()),
                 ..Limits::default()
             },
-            timeout_ms: Some(30_000),
+            timeout_ms: Some(3 * grace_ms()),
             ..python(&program(SPIN), warm)
         };
         let out = engine.run(&over_cpu).await;
         check(format!("{kind} cpu_limit"), out, Status::CpuLimit);
 
-        // Cancelled once it has had the time to burn its share (4 s of wall time; the outcome
-        // says whether it did).
+        // Cancelled once it has had the time to burn its share (the outcome says whether it
+        // did).
         let cancelled = Job {
-            timeout_ms: Some(30_000),
+            timeout_ms: Some(3 * grace_ms()),
             ..python(&program(SPIN), warm)
         };
+        let grace = Duration::from_millis(grace_ms());
         let out = engine
-            .run_cancellable(&cancelled, tokio::time::sleep(Duration::from_secs(4)))
+            .run_cancellable(&cancelled, tokio::time::sleep(grace))
             .await;
         check(format!("{kind} cancelled"), out, Status::Cancelled);
     }
@@ -129,9 +152,10 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
 /// sandbox's `/proc` with no privilege on the host).
 #[test]
 fn a_timed_out_run_reports_its_usage_as_root_and_as_nobody() {
+    let timeout_ms = grace_ms().to_string();
     for who in identities() {
         let out = forkbox(who)
-            .args(["run", "--json", "--timeout-ms", "4000", "--"])
+            .args(["run", "--json", "--timeout-ms", &timeout_ms, "--"])
             .args(["python3", "-c", &program(SPIN)])
             .stdin(Stdio::null())
             .output()
