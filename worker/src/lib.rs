@@ -4,6 +4,5 @@
 // The only unsafe code lives in `sandbox::sys`, which opts back in.
 #![deny(unsafe_code)]
 
-pub mod check;
 pub mod node;
 pub mod sandbox;

@@ -8,8 +8,7 @@ mod sandbox_support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use forkbox::sandbox::runtime::python::{PythonRuntime, PythonSettings};
-use forkbox::sandbox::{Engine, EngineConfig};
+use forkbox::sandbox::{Engine, EngineConfig, PythonRuntime, PythonSettings};
 use forkbox_queue::schema::{Job, Limits, Outcome, Runtime, Status};
 
 use sandbox_support::{forkbox, identities, BIN};

@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use forkbox::sandbox::cgroup::Delegation;
-use forkbox::sandbox::{seccomp::denied_numbers, CgroupSource, Engine, EngineConfig};
+use forkbox::sandbox::{denied_numbers, CgroupSource, Delegation, Engine, EngineConfig};
 use forkbox_queue::schema::{FileData, Job, Limits, Network, Status};
 use sandbox_support::{
     forkbox as command, identities, is_root, unprivileged_bin, wait_until, Identity, BIN,

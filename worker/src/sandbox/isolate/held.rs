@@ -11,7 +11,7 @@
 
 use std::path::Path;
 
-use super::sys::SysvCounts;
+use crate::sandbox::kernel::sys::SysvCounts;
 
 /// Kernel memory per queued SysV message beyond its text (`struct msg_msg`), a lower bound.
 const MSG_HEADER_BYTES: u64 = 48;
@@ -19,7 +19,7 @@ const MSG_HEADER_BYTES: u64 = 48;
 /// What the job holds outside its processes, in KiB: the used part of the filesystem at
 /// `disk` plus the SysV objects listed under `proc/sysvipc`.
 pub fn held_kb(disk: &Path, proc: &Path) -> u64 {
-    held_kb_with(disk, proc, super::sys::sysv_counts().ok())
+    held_kb_with(disk, proc, crate::sandbox::kernel::sys::sysv_counts().ok())
 }
 
 /// [`held_kb`], with the kernel's count of SysV objects (`None`: unknown, every table read).

@@ -16,8 +16,8 @@ use std::os::fd::OwnedFd;
 
 use nix::errno::Errno;
 
-use super::sys;
-use super::wire::SetupError;
+use super::setup_error::SetupError;
+use crate::sandbox::kernel::sys;
 
 /// Every count of `/proc/sys/user` and the maximum a sandbox gets: none of each.
 pub const MAXIMUMS: &[(&str, u64)] = &[

@@ -38,7 +38,7 @@ use std::io::{Read, Seek};
 use forkbox_queue::schema::Network;
 use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
-use super::sys::SockFilter;
+use crate::sandbox::kernel::sys::SockFilter;
 
 /// Syscalls allowed whatever their arguments: Docker's default profile for a container
 /// without capabilities, on x86_64, less the calls this policy refuses ([`DENIED`],
@@ -408,6 +408,7 @@ pub const DENIED_BY_NUMBER: &[(&str, i32)] = &[
     ("open_tree_attr", 467),
 ];
 
+#[cfg(test)]
 /// Syscalls that fail with ENOSYS, as on a kernel without them, so programs take the fallback
 /// they have for that case: `clone` for `clone3`, polling for inotify, a file in `/dev/shm`
 /// (on the job's disk) for memfd, threads (glibc's POSIX aio) for the kernel's aio.
@@ -489,6 +490,7 @@ pub fn socket_families(network: Network) -> &'static [u64] {
 /// The calls whose family argument (the first) is checked against [`socket_families`].
 pub const SOCKET_CALLS: &[&str] = &["socket", "socketpair"];
 
+#[cfg(test)]
 /// The calls allowed only for some arguments, besides the socket table ([`SOCKET_CALLS`]):
 /// each refuses what its rules match and allows the rest.
 pub const ARGUMENT_RULES: &[&str] = &["clone", "fcntl", "mmap", "personality"];
@@ -497,11 +499,13 @@ pub const ARGUMENT_RULES: &[&str] = &["clone", "fcntl", "mmap", "personality"];
 /// profile: Linux, its 32-bit flavour, and both with `UNAME26`. Any other fails with ENOSYS.
 pub const PERSONAS: &[u64] = &[0, 0x8, 0x2_0000, 0x2_0008, 0xffff_ffff];
 
+#[cfg(test)]
 /// [`verdict_for`] a job with a loopback network.
 pub fn verdict(name: &str, args: &[u64; 6]) -> Option<i32> {
     verdict_for(Network::Loopback, name, args)
 }
 
+#[cfg(test)]
 /// What the policy does with one call under a network mode: the errno it fails with, or none
 /// when it is allowed. The reference the compiled program is tested against, written from the
 /// tables alone.
@@ -668,6 +672,7 @@ fn add_socket_rules(ctx: &mut ScmpFilterContext, network: Network) -> Result<(),
     Ok(())
 }
 
+#[cfg(test)]
 /// [`compile_for`] a job with a loopback network.
 pub fn compile() -> Result<Vec<SockFilter>, SeccompError> {
     compile_for(Network::Loopback)

@@ -9,8 +9,9 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use nix::sys::time::TimeSpec;
 use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
 
-use super::wire::SetupError;
-use super::{mono_ns, sys};
+use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::kernel::clock::mono_ns;
+use crate::sandbox::kernel::sys;
 
 impl AsFd for Deadline {
     /// The timer, for the event loop: readable once the deadline passed.

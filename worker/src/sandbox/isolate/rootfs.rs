@@ -31,11 +31,20 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 use nix::mount::MsFlags;
+use serde::{Deserialize, Serialize};
 
-use super::sys;
-use super::syscalls::{Host, Syscalls};
-use super::wire::RootSource;
-use super::wire::SetupError;
+use super::setup_error::SetupError;
+use crate::sandbox::kernel::sys;
+use crate::sandbox::kernel::syscalls::{Host, Syscalls};
+
+/// Where the sandbox root comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RootSource {
+    /// Host directories exposed read-only at the same path (symlinks are recreated).
+    Allowlist(Vec<PathBuf>),
+    /// An unpacked root filesystem used as the single lower layer.
+    Image(PathBuf),
+}
 
 /// Device nodes bound from the host into `/dev`.
 pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -234,6 +243,15 @@ pub const OWN_MOUNTS: [(&str, &str); 3] = [
     ("proc", "its own proc"),
     ("tmp", "its own disk"),
 ];
+
+/// The mount points every sandbox covers with something of its own, as absolute paths, with
+/// what it puts there: [`OWN_MOUNTS`] and the working directory `work_dir` (its disk). A host
+/// directory at or below one cannot be exposed.
+pub fn own_mount_points(work_dir: &str) -> Vec<(String, &'static str)> {
+    let own = OWN_MOUNTS.map(|(dir, what)| (format!("/{dir}"), what));
+    let work = (work_dir.to_owned(), "its own disk as the working directory");
+    own.into_iter().chain([work]).collect()
+}
 
 /// The mount points every root has: [`OWN_MOUNTS`] and the working directory.
 fn mount_points(root: &Path, work_dir: &str) -> Result<(), RootfsError> {
@@ -478,8 +496,8 @@ pub fn resize(disk_mb: u64) -> Result<(), RootfsError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::syscalls::recording::{Call, Recorder};
     use super::*;
+    use crate::sandbox::kernel::syscalls::recording::{Call, Recorder};
 
     /// A staging directory with its mount points, and a fake host with one directory and one
     /// symlink to expose.

@@ -8,10 +8,10 @@ use std::pin::Pin;
 use forkbox_queue::schema::{EffectiveLimits, OutputMode};
 use tokio::sync::mpsc;
 
-use super::cgroup;
-use super::engine::Engine;
 use super::outcome::{Captured, Kills};
-use super::wire::{Exit, FromZygote, Report, ToZygote};
+use crate::sandbox::engine::start::Engine;
+use crate::sandbox::isolate::cgroup;
+use crate::sandbox::process::wire::{Exit, FromZygote, Report, ToZygote};
 
 /// A run's own sources of events, besides the cancel future. The report and output reads are
 /// futures the event loop polls itself (see [`super::output`]).

@@ -18,21 +18,14 @@ use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::sys;
+use crate::sandbox::isolate::rootfs::RootSource;
+use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::kernel::sys;
 
 /// Largest control message; jobs travel in memfds, so this is generous.
 const MAX_MESSAGE: usize = 64 * 1024;
 /// Most descriptors carried by one message (a dispatch carries six).
 const MAX_FDS: usize = 8;
-
-/// Where the sandbox root comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum RootSource {
-    /// Host directories exposed read-only at the same path (symlinks are recreated).
-    Allowlist(Vec<PathBuf>),
-    /// An unpacked root filesystem used as the single lower layer.
-    Image(PathBuf),
-}
 
 /// Sent once by the engine when the zygote starts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,7 +49,7 @@ pub struct ZygoteConfig {
     pub cgroup_handshake: bool,
     /// Warm the Python runtime before the first sandbox.
     #[serde(default)]
-    pub python: Option<super::runtime::python::WarmRequest>,
+    pub python: Option<crate::sandbox::runtime::python::WarmRequest>,
     /// The id, in the zygote's user namespace, of every sandbox's root (`identity::sandbox_id`).
     pub sandbox_id: u32,
 }
@@ -97,7 +90,7 @@ pub enum FromZygote {
         seccomp_instructions: usize,
         /// The warm Python runtime, when asked for: what was loaded, or why it is unusable.
         #[serde(default)]
-        python: Option<Result<super::runtime::python::WarmInfo, String>>,
+        python: Option<Result<crate::sandbox::runtime::python::WarmInfo, String>>,
     },
     /// The zygote could not be set up: the step that failed and why.
     StartFailed { error: SetupError },
@@ -194,139 +187,6 @@ pub struct Resized {
     pub error: Option<SetupError>,
 }
 
-/// Whose fault a failed set-up step is.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Fault {
-    /// The sandbox's or the host's: the job did not run, and may run elsewhere (`error`).
-    #[default]
-    Sandbox,
-    /// The job's own input (its files, its working directory): running it again would fail
-    /// the same way (`invalid`).
-    Job,
-}
-
-/// Why a set-up step failed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Cause {
-    /// A system call's errno, shown as nix shows it (`ENOENT: No such file or directory`).
-    Errno(i32),
-    /// The errno of a standard library I/O error, shown as it shows it (`No such file or
-    /// directory (os error 2)`).
-    Io(i32),
-    /// What no errno tells.
-    Text(String),
-}
-
-impl std::fmt::Display for Cause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Cause::Errno(n) => Errno::from_raw(*n).fmt(f),
-            Cause::Io(n) => std::io::Error::from_raw_os_error(*n).fmt(f),
-            Cause::Text(t) => f.write_str(t),
-        }
-    }
-}
-
-/// A set-up step that failed before the program ran: which step, on which path, why, and
-/// whose fault it was. Shown as `<step>[ <path>][: <cause>]`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SetupError {
-    pub step: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cause: Option<Cause>,
-    #[serde(default)]
-    pub fault: Fault,
-}
-
-impl std::fmt::Display for SetupError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.step)?;
-        if let Some(path) = &self.path {
-            write!(f, " {path}")?;
-        }
-        if let Some(cause) = &self.cause {
-            write!(f, ": {cause}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for SetupError {}
-
-impl SetupError {
-    /// A failure that its step's name says all about.
-    pub fn new(step: impl Into<String>) -> SetupError {
-        SetupError {
-            step: step.into(),
-            path: None,
-            cause: None,
-            fault: Fault::Sandbox,
-        }
-    }
-
-    /// A system call of `step` failed with `errno`.
-    pub fn errno(step: impl Into<String>, errno: Errno) -> SetupError {
-        SetupError {
-            cause: Some(Cause::Errno(errno as i32)),
-            ..SetupError::new(step)
-        }
-    }
-
-    /// An I/O operation of `step` failed.
-    pub fn io(step: impl Into<String>, error: &std::io::Error) -> SetupError {
-        let cause = match error.raw_os_error() {
-            Some(n) => Cause::Io(n),
-            None => Cause::Text(error.to_string()),
-        };
-        SetupError {
-            cause: Some(cause),
-            ..SetupError::new(step)
-        }
-    }
-
-    /// `step` failed for a reason no errno tells.
-    pub fn text(step: impl Into<String>, reason: impl std::fmt::Display) -> SetupError {
-        SetupError {
-            cause: Some(Cause::Text(reason.to_string())),
-            ..SetupError::new(step)
-        }
-    }
-
-    /// The path the step worked on.
-    pub fn at(self, path: impl Into<String>) -> SetupError {
-        SetupError {
-            path: Some(path.into()),
-            ..self
-        }
-    }
-
-    /// Caused by the job's own input.
-    pub fn of_job(self) -> SetupError {
-        SetupError {
-            fault: Fault::Job,
-            ..self
-        }
-    }
-
-    /// The errno behind it, if a system call's.
-    pub fn errno_value(&self) -> Option<Errno> {
-        match self.cause {
-            Some(Cause::Errno(n) | Cause::Io(n)) => Some(Errno::from_raw(n)),
-            _ => None,
-        }
-    }
-}
-
-impl From<super::limits::RlimitError> for SetupError {
-    fn from(e: super::limits::RlimitError) -> SetupError {
-        SetupError::errno(e.name, e.errno)
-    }
-}
-
 /// What the launcher writes on the exec-notify pipe (to the zygote, whose watchdog starts at
 /// the exec) and on the set-up pipe (to its init): the program's exec time, or why the
 /// program never ran. One note per job, written in one `write` and followed by the pipe's
@@ -370,11 +230,11 @@ pub struct Payload {
     pub limits: EffectiveLimits,
     /// What bounds the program's memory: its cgroup, or `RLIMIT_DATA`.
     #[serde(default)]
-    pub memory: super::limits::MemoryEnforcement,
+    pub memory: crate::sandbox::isolate::limits::MemoryEnforcement,
     pub collect_max_bytes: u64,
     /// Run the program in the sandbox's warm interpreter instead of exec'ing it.
     #[serde(default)]
-    pub warm: Option<super::runtime::python::WarmPlan>,
+    pub warm: Option<crate::sandbox::runtime::python::WarmPlan>,
 }
 
 /// What the init reports to the engine after the program exits.
@@ -550,6 +410,7 @@ pub fn seqpacket_pair() -> Result<(OwnedFd, OwnedFd), Errno> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::isolate::setup_error::Fault;
 
     #[test]
     fn a_closed_peer_is_seen_without_reading() {
@@ -647,7 +508,7 @@ mod tests {
                 "sandbox init exited during set-up",
             ),
             (
-                super::super::limits::RlimitError {
+                crate::sandbox::isolate::limits::RlimitError {
                     name: "rlimit pids",
                     errno: Errno::EPERM,
                 }

@@ -20,15 +20,16 @@ use nix::sched::CloneFlags;
 use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTimeout};
 use nix::unistd::Pid;
 
-use super::hardening::Hardening;
-use super::netns::{NetFactory, NetNs};
-use super::sys::{self, Forked, SingleThreaded};
-use super::syscalls::{Host, Syscalls};
+use super::identity;
 use super::watchdog::Deadline;
-use super::wire::{
-    self, ExecNote, Exit, FromInit, FromZygote, SetupError, ToInit, ToZygote, ZygoteConfig,
-};
-use super::{identity, limits, mono_ns, seccomp, usage};
+use super::wire::{self, ExecNote, Exit, FromInit, FromZygote, ToInit, ToZygote, ZygoteConfig};
+use crate::sandbox::isolate::hardening::Hardening;
+use crate::sandbox::isolate::netns::{NetFactory, NetNs};
+use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::isolate::{limits, seccomp, usage};
+use crate::sandbox::kernel::clock::mono_ns;
+use crate::sandbox::kernel::sys::{self, Forked, SingleThreaded};
+use crate::sandbox::kernel::syscalls::{Host, Syscalls};
 
 /// The zygote's nice value when the host lets it raise its priority.
 const ZYGOTE_NICE: i32 = -5;
@@ -77,13 +78,16 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, ByNetwork),
     identity::enter_user_namespace(control)?;
     own_namespaces(&Host)?;
     // In the zygote's own (private) mount namespace, so only its sandboxes see it.
-    super::rootfs::build_template(&cfg.root, &cfg.staging, &cfg.work_dir)?;
+    crate::sandbox::isolate::rootfs::build_template(&cfg.root, &cfg.staging, &cfg.work_dir)?;
     // The watchdog's kills should not queue behind the jobs it watches. Only possible with
     // privilege; sandboxes go back to the normal priority as their first step.
     let _ = sys::set_nice(ZYGOTE_NICE);
     let hardening = ByNetwork::compile()?;
     // Before the first sandbox, so that every one of them is a fork of the warm interpreter.
-    let python = cfg.python.as_ref().map(super::runtime::python::warm_up);
+    let python = cfg
+        .python
+        .as_ref()
+        .map(crate::sandbox::runtime::python::warm_up);
     let ready = FromZygote::Ready {
         seccomp_instructions: hardening.get(cfg.network_default).seccomp.len(),
         python,
@@ -932,7 +936,7 @@ mod tests {
     use nix::sched::CloneFlags;
 
     use super::own_namespaces;
-    use crate::sandbox::syscalls::recording::{Call, Recorder};
+    use crate::sandbox::kernel::syscalls::recording::{Call, Recorder};
 
     #[test]
     fn the_zygote_makes_its_mounts_private_before_anything_else() {

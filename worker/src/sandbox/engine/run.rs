@@ -7,14 +7,15 @@ use std::sync::atomic::Ordering;
 use forkbox_queue::schema::{EffectiveLimits, Job, Outcome, Status};
 use tokio::sync::mpsc;
 
-use super::engine::Engine;
 use super::event_loop::RunEvents;
 use super::events::Unregister;
 use super::outcome::{self, Observed, Terms};
 use super::output::{self, read_all, OutputChunk};
 use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
-use super::wire::{Payload, ToZygote};
-use super::{collect, limits, mono_ns};
+use crate::sandbox::engine::start::Engine;
+use crate::sandbox::isolate::{collect, limits};
+use crate::sandbox::kernel::clock::mono_ns;
+use crate::sandbox::process::wire::{Payload, ToZygote};
 
 /// One of an engine's slots, held while a job runs in it ([`Engine::slot`]).
 #[derive(Debug)]

@@ -16,7 +16,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use nix::sched::CloneFlags;
 use nix::unistd::{Gid, Pid, Uid};
 
-use super::wire::{self, FromZygote, SetupError, ToInit, ToZygote};
+use crate::sandbox::isolate::setup_error::SetupError;
+
+use super::wire::{self, FromZygote, ToInit, ToZygote};
 
 /// Why the engine could not give the zygote its identity.
 #[derive(Debug, thiserror::Error)]
@@ -34,14 +36,14 @@ pub enum IdentityError {
 
 /// The id, in the zygote's user namespace, that each sandbox's root maps to: 1 (host id
 /// `root_mapped_id + 1`) as host root, 0 (the invoking user) rootless.
-pub(super) fn sandbox_id() -> u32 {
+pub(crate) fn sandbox_id() -> u32 {
     u32::from(Uid::current().is_root())
 }
 
 /// Engine side: writes the zygote's maps; returns how identity is enforced. Host uid 0 is
 /// never mapped: as root, the zygote's root is the unprivileged `root_mapped_id` and the
 /// sandboxes' root the id after it; as an ordinary user, both are that user.
-pub(super) fn write_zygote_maps(pid: u32, root_mapped_id: u32) -> Result<String, IdentityError> {
+pub(crate) fn write_zygote_maps(pid: u32, root_mapped_id: u32) -> Result<String, IdentityError> {
     let write = |file: &str, content: &str| {
         let path = format!("/proc/{pid}/{file}");
         std::fs::write(&path, content).map_err(|source| IdentityError::IdMap { path, source })

@@ -32,7 +32,7 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use serde::{Deserialize, Serialize};
 
 use super::hardening::{harden, Hardening};
-use super::sys::{self, Forked};
+use crate::sandbox::kernel::sys::{self, Forked};
 
 /// What each collected file costs against the cap besides its bytes and its path: the
 /// result's bookkeeping for it. Charging it bounds the number of files too.

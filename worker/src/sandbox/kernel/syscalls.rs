@@ -111,7 +111,7 @@ impl Syscalls for Host {
 }
 
 #[cfg(test)]
-pub(super) mod recording {
+pub(crate) mod recording {
     //! A [`Syscalls`] that records each call instead of making it.
 
     use std::cell::RefCell;
@@ -123,7 +123,7 @@ pub(super) mod recording {
     use nix::sched::CloneFlags;
 
     use super::Syscalls;
-    use crate::sandbox::sys::SockFilter;
+    use crate::sandbox::kernel::sys::SockFilter;
 
     /// One recorded call.
     #[derive(Debug, Clone, PartialEq, Eq)]

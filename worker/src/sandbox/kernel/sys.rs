@@ -67,7 +67,7 @@ impl SingleThreaded {
 /// The calling process must be single-threaded: the child is a copy of the calling thread
 /// alone, and any lock another thread held would stay held in it for ever. Use
 /// [`SingleThreaded::clone_into_namespaces`].
-pub unsafe fn clone_into_namespaces(namespaces: libc::c_int) -> Result<Forked, Errno> {
+pub(crate) unsafe fn clone_into_namespaces(namespaces: libc::c_int) -> Result<Forked, Errno> {
     #[repr(C)]
     #[derive(Default)]
     struct CloneArgs {
@@ -121,7 +121,7 @@ pub unsafe fn clone_into_namespaces(namespaces: libc::c_int) -> Result<Forked, E
 ///
 /// The calling process must be single-threaded, as for [`clone_into_namespaces`]. Use
 /// [`SingleThreaded::fork`].
-pub unsafe fn fork_single_threaded() -> Result<Forked, Errno> {
+pub(crate) unsafe fn fork_single_threaded() -> Result<Forked, Errno> {
     // SAFETY: the caller is single-threaded (this function's contract), so the child inherits
     // no lock held by another thread and may allocate freely.
     match unsafe { nix::unistd::fork() }? {
@@ -373,7 +373,7 @@ pub fn write_file_at(dir: &OwnedFd, path: &std::ffi::CStr, contents: &[u8]) -> R
 /// Nothing else in the process may own `fd` (no `OwnedFd`, `File` or other wrapper, and no
 /// later call of this function with the same number): it would be closed twice, the second
 /// time perhaps closing an unrelated descriptor that reused the number.
-pub unsafe fn adopt_fd(fd: RawFd) -> Result<OwnedFd, Errno> {
+pub(crate) unsafe fn adopt_fd(fd: RawFd) -> Result<OwnedFd, Errno> {
     // SAFETY: F_GETFD only queries the descriptor; it fails with EBADF when it is not open.
     if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 {
         return Err(Errno::last());
@@ -431,7 +431,7 @@ pub fn thread_count() -> Option<usize> {
 ///
 /// No object that owns one of the descriptors closed may be used or dropped afterwards (it
 /// would act on a closed number, or on whatever reused it).
-pub unsafe fn close_all_except(keep: RawFd) -> Result<(), Errno> {
+pub(crate) unsafe fn close_all_except(keep: RawFd) -> Result<(), Errno> {
     let close = |first: u32, last: u32| -> Result<(), Errno> {
         if first > last {
             return Ok(());

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use forkbox_queue::schema::Network;
 use tokio::sync::mpsc;
 
-use super::wire::{self, FromZygote};
+use crate::sandbox::process::wire::{self, FromZygote};
 
 pub(super) type Waiters = Arc<Mutex<HashMap<u64, mpsc::UnboundedSender<FromZygote>>>>;
 

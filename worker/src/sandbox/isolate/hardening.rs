@@ -1,9 +1,9 @@
 //! Hardening: the isolation steps every program (and every collect) takes before it touches
 //! any of the job's input, in the order the kernel requires.
 
-use super::sys::SockFilter;
-use super::syscalls::{Host, Syscalls};
-use super::wire::SetupError;
+use super::setup_error::SetupError;
+use crate::sandbox::kernel::sys::SockFilter;
+use crate::sandbox::kernel::syscalls::{Host, Syscalls};
 
 /// What the zygote prepares once for every program: the compiled seccomp filter and the
 /// capability range to drop (read from /proc before any sandbox exists).
@@ -18,7 +18,7 @@ pub struct Hardening {
 /// the filter last. Loading the filter (the kernel compiles it) is the costliest of them, and
 /// none of it is on the spawn path. From here on the launcher handles the job's input (files,
 /// paths, the working directory) with no capabilities and under the filter.
-pub(super) fn harden(hardening: &Hardening) -> Result<(), SetupError> {
+pub(crate) fn harden(hardening: &Hardening) -> Result<(), SetupError> {
     harden_with(&Host, hardening)
 }
 
@@ -34,8 +34,8 @@ pub(super) fn harden_with(k: &impl Syscalls, hardening: &Hardening) -> Result<()
 
 #[cfg(test)]
 mod tests {
-    use super::super::syscalls::recording::{Call, Recorder};
     use super::*;
+    use crate::sandbox::kernel::syscalls::recording::{Call, Recorder};
 
     fn hardening() -> Hardening {
         Hardening {

@@ -223,6 +223,7 @@ impl JobCgroup {
         fs::write(&path, value).map_err(io("write", &path))
     }
 
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.dir
     }

@@ -21,19 +21,21 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::budget::{self, CpuBudget};
-use super::collect;
-use super::counts;
-use super::hardening::Hardening;
-use super::held;
 use super::identity;
-use super::ipc;
 use super::launcher;
-use super::limits;
-use super::memory::MemoryBudget;
-use super::rootfs::{self, RootPlan};
-use super::sys::{self, Forked, SingleThreaded};
-use super::wire::{self, ExecNote, FromInit, Handoff, Report, Resized, SetupError, ZygoteConfig};
+use super::wire::{self, ExecNote, FromInit, Handoff, Report, Resized, ZygoteConfig};
+use crate::sandbox::isolate::budget::{self, CpuBudget};
+use crate::sandbox::isolate::collect;
+use crate::sandbox::isolate::counts;
+use crate::sandbox::isolate::hardening::Hardening;
+use crate::sandbox::isolate::held;
+use crate::sandbox::isolate::ipc;
+use crate::sandbox::isolate::limits;
+use crate::sandbox::isolate::memory::MemoryBudget;
+use crate::sandbox::isolate::rootfs::{self, RootPlan};
+use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::kernel::clock;
+use crate::sandbox::kernel::sys::{self, Forked, SingleThreaded};
 
 /// Runs the init; never returns.
 pub fn main(one: SingleThreaded, sock: OwnedFd, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
@@ -236,7 +238,7 @@ fn supervise(
         setup_error,
         exit_code,
         signal,
-        exit_ns: Some(super::mono_ns()),
+        exit_ns: Some(clock::mono_ns()),
         cpu_budget_exceeded: reaped.exceeded == Some(budget::Exceeded::Cpu),
         memory_budget_exceeded: reaped.exceeded == Some(budget::Exceeded::Memory),
         memory_counted_kb: reaped.memory_peak_kb,

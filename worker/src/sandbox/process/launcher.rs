@@ -17,12 +17,12 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
-use super::hardening::{self, Hardening};
-use super::limits;
-use super::sys;
-use super::wire::{
-    self, ExecNote, FromInit, Handoff, Payload, Resized, SetupError, ToInit, ZygoteConfig,
-};
+use super::wire::{self, ExecNote, FromInit, Handoff, Payload, Resized, ToInit, ZygoteConfig};
+use crate::sandbox::isolate::hardening::{self, Hardening};
+use crate::sandbox::isolate::limits;
+use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::kernel::clock;
+use crate::sandbox::kernel::sys;
 
 /// Exit code of a program whose command was not found (as in a shell).
 const EXIT_NOT_FOUND: i32 = 127;
@@ -43,7 +43,7 @@ pub(super) struct Channels {
 pub(super) fn main(ch: Channels, cfg: &ZygoteConfig, hardening: &Hardening) -> ! {
     // Before any job exists, so the job's input is only ever handled under the filter.
     let ready = hardening::harden(hardening)
-        .and_then(|()| super::runtime::python::prepare().map_err(SetupError::new));
+        .and_then(|()| crate::sandbox::runtime::python::prepare().map_err(SetupError::new));
     if let Err(error) = ready {
         // Fail closed: this sandbox never takes a job; the zygote fails the next one with
         // the reason.
@@ -271,18 +271,18 @@ fn exec_program(job: &Taken<'_>, payload: &Payload, cwd: &Path) -> ! {
         .map(|(_, v)| v.as_str())
         .unwrap_or("");
     let candidates = resolve(&payload.argv[0], path_var);
-    if payload.warm.is_some() && !super::runtime::python::is_loaded() {
+    if payload.warm.is_some() && !crate::sandbox::runtime::python::is_loaded() {
         fail(SetupError::new(
             "the warm interpreter is not loaded in this sandbox",
         ));
     }
     // The deadline starts here; the zygote may notice the exec a little later.
     job.note(&ExecNote::Exec {
-        ns: super::mono_ns(),
+        ns: clock::mono_ns(),
     });
     if let Some(plan) = &payload.warm {
         // In place of execve: the program runs in this process's warm interpreter.
-        super::runtime::python::run(plan, &payload.env)
+        crate::sandbox::runtime::python::run(plan, &payload.env)
     }
     let mut last = Errno::ENOENT;
     for path in &candidates {

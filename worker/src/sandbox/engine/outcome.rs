@@ -12,9 +12,10 @@ use forkbox_queue::schema::{
     MemoryBound, Outcome, OutputMode, RuntimeUse, Status, EXIT_SANDBOX_ERROR, EXIT_TIMEOUT,
 };
 
-use super::cgroup::Accounting;
-use super::limits::{self, MemoryEnforcement};
-use super::wire::{Exit, Fault, Report};
+use crate::sandbox::isolate::cgroup::Accounting;
+use crate::sandbox::isolate::limits::{self, MemoryEnforcement};
+use crate::sandbox::isolate::setup_error::Fault;
+use crate::sandbox::process::wire::{Exit, Report};
 
 /// The kills the engine itself asked for during a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -239,8 +240,8 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
 mod tests {
     use nix::errno::Errno;
 
-    use super::super::wire::SetupError;
     use super::*;
+    use crate::sandbox::isolate::setup_error::SetupError;
 
     const KILL: i32 = libc::SIGKILL;
 

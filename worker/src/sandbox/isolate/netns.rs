@@ -31,8 +31,8 @@ use std::os::fd::{AsFd, OwnedFd};
 use forkbox_queue::schema::Network;
 use nix::sched::{setns, unshare, CloneFlags};
 
-use super::sys;
-use super::wire::SetupError;
+use super::setup_error::SetupError;
+use crate::sandbox::kernel::sys;
 
 /// A network namespace made for a sandbox.
 pub struct NetNs {

@@ -19,8 +19,8 @@ use std::os::fd::OwnedFd;
 
 use nix::errno::Errno;
 
-use super::sys;
-use super::wire::SetupError;
+use super::setup_error::SetupError;
+use crate::sandbox::kernel::sys;
 
 /// Message queues per namespace.
 const MSG_QUEUES: u64 = 16;

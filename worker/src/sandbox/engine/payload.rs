@@ -6,7 +6,7 @@ use std::os::fd::OwnedFd;
 
 use forkbox_queue::schema::Job;
 
-use super::DEFAULT_PATH;
+use super::defaults::DEFAULT_PATH;
 
 /// What argv and the whole environment take at exec (strings, NULs, one pointer each).
 pub(super) fn exec_bytes(job: &Job, work_dir: &str) -> usize {

@@ -7,10 +7,10 @@ use std::sync::atomic::Ordering;
 use forkbox_queue::schema::{EffectiveLimits, Network};
 use tokio::sync::mpsc;
 
-use super::cgroup;
-use super::engine::{Engine, NEXT_REQ};
 use super::payload::pipe;
-use super::wire::{self, FromZygote, ToInit, ToZygote};
+use crate::sandbox::engine::start::{Engine, NEXT_REQ};
+use crate::sandbox::isolate::cgroup;
+use crate::sandbox::process::wire::{self, FromZygote, ToInit, ToZygote};
 
 /// A job handed to a sandbox: its request, its events, and its cgroup if the engine placed it.
 pub(super) type Handed = (

@@ -3,7 +3,7 @@
 use std::fs;
 use std::path::Path;
 
-use crate::sandbox::cgroup::{self, Delegation};
+use crate::sandbox::isolate::cgroup::{self, Delegation};
 
 /// Lines to print, and the reason no sandbox can be made (if any).
 pub struct HostReport {

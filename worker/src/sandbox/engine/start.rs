@@ -8,13 +8,17 @@ use std::sync::{Arc, Mutex};
 use forkbox_queue::schema::{EffectiveLimits, Job, JobCeilings, Network};
 use tokio::sync::Semaphore;
 
+use super::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
 use super::events::{spawn_event_reader, Launchers, Waiters};
 use super::payload::job_env;
-use super::wire::{self, FromZygote, RootSource, ToZygote, ZygoteConfig};
-use super::{
-    cgroup, identity, runtime, staging, sys, DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID,
-    DEFAULT_WORK_DIR,
-};
+use super::staging;
+use crate::sandbox::isolate::cgroup;
+use crate::sandbox::isolate::rootfs::RootSource;
+use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::kernel::sys;
+use crate::sandbox::process::identity;
+use crate::sandbox::process::wire::{self, FromZygote, ToZygote, ZygoteConfig};
+use crate::sandbox::runtime;
 
 /// How an engine is set up.
 #[derive(Debug, Clone)]
@@ -110,7 +114,7 @@ pub enum EngineError {
         source: std::io::Error,
     },
     #[error("zygote set-up failed: {0}")]
-    ZygoteStart(wire::SetupError),
+    ZygoteStart(SetupError),
     #[error("zygote set-up failed: {0}")]
     ZygoteFailed(String),
     #[error("the zygote exited during start-up")]

@@ -12,18 +12,18 @@
 use std::path::{Path, PathBuf};
 
 use super::budget;
-use super::sys::Usage;
+use crate::sandbox::kernel::sys::Usage;
 
 /// The `/proc` the sandbox whose init has host pid `init` mounted for itself, when it is one
 /// (a job cannot replace it: the mount is the init's, and the job holds no capability).
-pub(super) fn sandbox_proc(init: i32) -> Option<PathBuf> {
+pub(crate) fn sandbox_proc(init: i32) -> Option<PathBuf> {
     let proc = PathBuf::from(format!("/proc/{init}/root/proc"));
     let fs = nix::sys::statfs::statfs(&proc).ok()?;
     (fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC).then_some(proc)
 }
 
 /// The CPU time and the largest peak resident size of the processes listed in `proc`.
-pub(super) fn used(proc: &Path) -> Usage {
+pub(crate) fn used(proc: &Path) -> Usage {
     let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
