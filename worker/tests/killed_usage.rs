@@ -116,8 +116,9 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
             timeout_ms: Some(30_000),
             ..python(&program(SPIN), warm)
         };
+        let cancel = tokio::time::sleep(Duration::from_secs(4));
         let out = engine
-            .run_cancellable(&cancelled, tokio::time::sleep(Duration::from_secs(4)))
+            .run_in(engine.slot().await, &cancelled, cancel, None)
             .await;
         check(format!("{kind} cancelled"), out, Status::Cancelled);
     }

@@ -1393,7 +1393,9 @@ async fn a_job_cancelled_before_its_program_starts_is_cancelled_not_failed() {
         ..Job::shell("echo ran")
     };
     for _ in 0..5 {
-        let out = engine.run_cancellable(&job, std::future::ready(())).await;
+        let out = engine
+            .run_in(engine.slot().await, &job, std::future::ready(()), None)
+            .await;
         assert_eq!(
             out.status,
             Status::Cancelled,
@@ -1782,8 +1784,9 @@ async fn concurrent_none_jobs_cannot_reach_each_others_abstract_sockets() {
     let first = {
         let engine = engine.clone();
         tokio::spawn(async move {
+            let slot = engine.slot().await;
             engine
-                .run_with(&listener, std::future::pending(), Some(tx))
+                .run_in(slot, &listener, std::future::pending(), Some(tx))
                 .await
         })
     };

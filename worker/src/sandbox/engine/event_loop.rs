@@ -9,7 +9,8 @@ use forkbox_queue::schema::{EffectiveLimits, OutputMode};
 use tokio::sync::mpsc;
 
 use super::outcome::{Captured, Kills};
-use crate::sandbox::engine::start::Engine;
+use super::run_error::RunError;
+use super::start::Engine;
 use crate::sandbox::isolate::cgroup;
 use crate::sandbox::process::wire::{Exit, FromZygote, Report, ToZygote};
 
@@ -53,7 +54,7 @@ impl Engine {
         limits: &EffectiveLimits,
         output_mode: OutputMode,
         cancel: impl Future<Output = ()>,
-    ) -> Result<Watched, String>
+    ) -> Result<Watched, RunError>
     where
         R: Future<Output = Vec<u8>>,
         C: Future<Output = (Captured, Captured)>,
@@ -105,7 +106,7 @@ impl Engine {
                     Some(FromZygote::Exited(e)) => exit = Some(e),
                     Some(_) => {}
                     None if report.is_some() => exit = Some(Exit::default()),
-                    None => return Err("the sandbox zygote died during the job".into()),
+                    None => return Err(RunError::ZygoteDied),
                 },
                 bytes = &mut report_read, if report_pending => {
                     report_pending = false;

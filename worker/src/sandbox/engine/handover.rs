@@ -8,7 +8,8 @@ use forkbox_queue::schema::{EffectiveLimits, Network};
 use tokio::sync::mpsc;
 
 use super::payload::pipe;
-use crate::sandbox::engine::start::{Engine, NEXT_REQ};
+use super::run_error::RunError;
+use super::start::{Engine, NEXT_REQ};
 use crate::sandbox::isolate::cgroup;
 use crate::sandbox::process::wire::{self, FromZygote, ToInit, ToZygote};
 
@@ -34,7 +35,7 @@ impl Engine {
         timeout_ms: u64,
         limits: &EffectiveLimits,
         fds: [BorrowedFd<'_>; 5],
-    ) -> Result<Handed, String> {
+    ) -> Result<Handed, RunError> {
         let inner = &self.inner;
         loop {
             let req = NEXT_REQ.fetch_add(1, Ordering::Relaxed);
@@ -67,7 +68,7 @@ impl Engine {
                 };
                 if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
                     unregister();
-                    return Err(format!("sending the job to the zygote: {e}"));
+                    return Err(RunError::SendJob(e));
                 }
                 return Ok((req, events, None));
             };
@@ -90,7 +91,7 @@ impl Engine {
             };
             if let Err(e) = wire::send(inner.control.as_fd(), &started, &[notify_r.as_fd()]) {
                 unregister();
-                return Err(format!("telling the zygote about the job: {e}"));
+                return Err(RunError::SendStarted(e));
             }
             drop(notify_r);
             let cgroup = match self.place(req, &launcher.pids, limits) {
@@ -127,25 +128,23 @@ impl Engine {
         req: u64,
         pids: &[i32],
         limits: &EffectiveLimits,
-    ) -> Result<Option<cgroup::JobCgroup>, String> {
+    ) -> Result<Option<cgroup::JobCgroup>, RunError> {
         let Some(tree) = &self.inner.cgroups else {
             return Ok(None);
         };
         if pids.len() != 2 {
             // Without the launcher's pid the program would run unlimited.
-            return Err(format!(
-                "cgroup placement failed (job not run): job {req}: launcher pid unknown"
-            ));
+            return Err(RunError::LauncherPidUnknown { req });
         }
         let name = format!("job-{}-{req}", std::process::id());
         let cg = tree
             .create_job(&name, limits)
-            .map_err(|e| format!("cgroup placement failed (job not run): {e}"))?;
+            .map_err(RunError::CgroupPlacement)?;
         match pids.iter().try_for_each(|pid| cg.add(*pid)) {
             Ok(()) => Ok(Some(cg)),
             Err(e) => {
                 let _ = cg.finish();
-                Err(format!("cgroup placement failed (job not run): {e}"))
+                Err(RunError::CgroupPlacement(e))
             }
         }
     }

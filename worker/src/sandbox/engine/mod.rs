@@ -1,6 +1,7 @@
 //! The engine's side of the sandbox, all asynchronous and in the node's process:
 //! - `start`: configuration, start-up of the zygote, what the host enforces (`Mechanisms`);
-//! - `run`: one job, end to end: checks, payload, hand-over, waiting, outcome;
+//! - `run`: one job, end to end: checks, payload, hand-over, waiting, outcome; `run_error`:
+//!   why a run ended without an outcome of its own;
 //! - `payload`: what a job becomes before it is handed over (environment, memfds, exec size);
 //! - `handover`: giving a job to a ready launcher (or the zygote's queue), cgroup placement;
 //! - `events`: the zygote's event reader, routing each event to its run;
@@ -19,5 +20,6 @@ pub(crate) mod outcome;
 pub(crate) mod output;
 pub(crate) mod payload;
 pub(crate) mod run;
+pub(crate) mod run_error;
 pub(crate) mod staging;
 pub(crate) mod start;

@@ -7,6 +7,7 @@ use std::os::fd::OwnedFd;
 use forkbox_queue::schema::Job;
 
 use super::defaults::DEFAULT_PATH;
+use super::run_error::RunError;
 
 /// What argv and the whole environment take at exec (strings, NULs, one pointer each).
 pub(super) fn exec_bytes(job: &Job, work_dir: &str) -> usize {
@@ -50,17 +51,17 @@ pub(super) fn job_env(job: &Job, work_dir: &str) -> Vec<(String, String)> {
 /// A memfd holding `bytes`, sealed against every change. The stdin memfd becomes the program's
 /// descriptor 0 (opened read-write, like every memfd), so without the seals a job could grow it
 /// into memory that no limit of its own counts.
-pub(super) fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
+pub(super) fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, RunError> {
     use nix::fcntl::{fcntl, FcntlArg, SealFlag};
     use nix::sys::memfd::MemFdCreateFlag;
     let fd = nix::sys::memfd::memfd_create(
         c"forkbox-job",
         MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
     )
-    .map_err(|e| format!("memfd: {e}"))?;
+    .map_err(RunError::MemfdCreate)?;
     let mut file = std::fs::File::from(fd);
-    file.write_all(bytes).map_err(|e| format!("memfd: {e}"))?;
-    file.rewind().map_err(|e| format!("memfd: {e}"))?;
+    file.write_all(bytes).map_err(RunError::MemfdWrite)?;
+    file.rewind().map_err(RunError::MemfdWrite)?;
     let seals = SealFlag::F_SEAL_WRITE
         | SealFlag::F_SEAL_GROW
         | SealFlag::F_SEAL_SHRINK
@@ -69,10 +70,10 @@ pub(super) fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
         std::os::fd::AsRawFd::as_raw_fd(&file),
         FcntlArg::F_ADD_SEALS(seals),
     )
-    .map_err(|e| format!("memfd seals: {e}"))?;
+    .map_err(RunError::MemfdSeal)?;
     Ok(file.into())
 }
 
-pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
+pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd), RunError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(RunError::Pipe)
 }

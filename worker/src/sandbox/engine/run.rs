@@ -12,7 +12,8 @@ use super::events::Unregister;
 use super::outcome::{self, Observed, Terms};
 use super::output::{self, read_all, OutputChunk};
 use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
-use crate::sandbox::engine::start::Engine;
+use super::run_error::RunError;
+use super::start::Engine;
 use crate::sandbox::isolate::{collect, limits};
 use crate::sandbox::kernel::clock::mono_ns;
 use crate::sandbox::process::wire::{Payload, ToZygote};
@@ -24,31 +25,11 @@ pub struct Slot {
 }
 
 impl Engine {
-    /// Runs one job to completion.
+    /// Runs one job to completion in the next free slot: [`Engine::run_in`] without a cancel
+    /// and without streaming its output.
     pub async fn run(&self, job: &Job) -> Outcome {
-        self.run_cancellable(job, std::future::pending()).await
-    }
-
-    /// Runs one job; when `cancel` completes first, the sandbox is killed and the outcome is
-    /// `cancelled`.
-    pub async fn run_cancellable(
-        &self,
-        job: &Job,
-        cancel: impl std::future::Future<Output = ()>,
-    ) -> Outcome {
-        self.run_with(job, cancel, None).await
-    }
-
-    /// Like [`Engine::run_cancellable`], also sending stdout and stderr chunks to `output` as
-    /// they arrive (within the output cap).
-    pub async fn run_with(
-        &self,
-        job: &Job,
-        cancel: impl std::future::Future<Output = ()>,
-        output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Outcome {
         let slot = self.slot().await;
-        self.run_in(slot, job, cancel, output).await
+        self.run_in(slot, job, std::future::pending(), None).await
     }
 
     /// Waits for one of the engine's `slots` (first come, first served): the only count of
@@ -61,8 +42,10 @@ impl Engine {
         }
     }
 
-    /// [`Engine::run_with`] in a slot already taken; the slot is given back when the job is
-    /// over.
+    /// Runs one job in a slot already taken ([`Engine::slot`]), given back when the job is over.
+    /// When `cancel` completes first, the sandbox is killed and the outcome is `cancelled`;
+    /// with `output`, stdout and stderr chunks are also sent there as they arrive (within the
+    /// output cap).
     pub async fn run_in(
         &self,
         slot: Slot,
@@ -105,7 +88,7 @@ impl Engine {
         }
         match self.execute(job, cancel, output).await {
             Ok(outcome) => outcome,
-            Err(e) => Outcome::not_run(Status::Error, e),
+            Err(e) => Outcome::not_run(Status::Error, e.to_string()),
         }
     }
 
@@ -150,10 +133,10 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, String> {
+    ) -> Result<Outcome, RunError> {
         let inner = &self.inner;
         if !inner.alive.load(Ordering::Acquire) {
-            return Err("the sandbox zygote is gone; restart the node".into());
+            return Err(RunError::ZygoteGone);
         }
         let limits = job.limits.resolve(&inner.config.defaults);
         let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
@@ -170,9 +153,10 @@ impl Engine {
             ));
         }
         let (payload, runtime_use) = self.payload(job, limits);
-        let payload_fd = memfd_with(&serde_json::to_vec(&payload).map_err(|e| e.to_string())?)?;
+        let payload_fd =
+            memfd_with(&serde_json::to_vec(&payload).map_err(RunError::EncodePayload)?)?;
         let stdin_bytes = match &job.stdin {
-            Some(data) => data.to_bytes().map_err(|e| format!("stdin: {e}"))?,
+            Some(data) => data.to_bytes().map_err(RunError::DecodeStdin)?,
             None => Vec::new(),
         };
         let stdin_fd = memfd_with(&stdin_bytes)?;
