@@ -19,8 +19,8 @@
 //!   other (`identity`);
 //! - `isolate` (floor 1): the isolation steps the processes share, one file each: `rootfs`,
 //!   `netns`, `ipc`, `counts`, `limits`, `hardening` (no_new_privs, capabilities, seccomp),
-//!   `seccomp`, `cgroup`, `budget`, `memory`, `collect`, `usage`, `held`, and the
-//!   `SetupError` every step returns;
+//!   `seccomp`, `cgroup`, `budget`, `memory`, `collect`, `usage`, `held`, `procfs` (the one
+//!   reader of a sandbox's `/proc`), and the `SetupError` every step returns;
 //! - `runtime` (floor 1): warm interpreters, initialised in the zygote and handed a job by the
 //!   launcher;
 //! - `kernel` (floor 0): `sys`, where every `unsafe` block lives (the CPython FFI included),

@@ -33,6 +33,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use super::memory::{self, MemoryBudget};
+use super::procfs;
 
 /// The shortest time between two checks.
 pub const MIN_CHECK: Duration = Duration::from_millis(25);
@@ -68,11 +69,7 @@ impl CpuBudget {
         let cpus = std::fs::read_to_string(proc.join("stat"))
             .map(|s| count_cpus(&s))
             .unwrap_or(0);
-        let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-            .ok()
-            .flatten()
-            .filter(|t| *t > 0)
-            .map_or(100, |t| t as u64);
+        let ticks_per_s = procfs::ticks_per_s();
         CpuBudget {
             limit_us: limit_ms.saturating_mul(1000),
             proc: proc.to_owned(),
@@ -88,22 +85,16 @@ impl CpuBudget {
     /// calling process's own excepted.
     pub fn used_us(&mut self) -> u64 {
         let me = std::process::id();
-        let Ok(entries) = std::fs::read_dir(&self.proc) else {
-            return 0;
-        };
         let mut now = Seen::new();
         let mut ticks = 0u64;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
+        for process in procfs::processes(&self.proc) {
+            let pid = process.pid;
             // A process gone since the listing has been reaped: its time is counted by
             // whoever reaped it.
-            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            let Some(stat) = process.read("stat") else {
                 continue;
             };
-            if let Some(([utime, stime, cutime, cstime], start)) = cpu_fields(&stat) {
+            if let Some(([utime, stime, cutime, cstime], start)) = procfs::cpu_fields(&stat) {
                 let own = if pid == me { 0 } else { utime + stime };
                 let (all, children) = (own + cutime + cstime, cutime + cstime);
                 ticks = ticks.saturating_add(all);
@@ -145,18 +136,6 @@ fn count_cpus(stat: &str) -> u64 {
                 .is_some_and(|r| r.starts_with(|c: char| c.is_ascii_digit()))
         })
         .count() as u64
-}
-
-/// `utime`, `stime`, `cutime` and `cstime` (fields 14 to 17) and `starttime` (field 22) of a
-/// `/proc/<pid>/stat` line. The command name (field 2) may hold spaces and parentheses: fields
-/// are counted from the last `)`.
-pub(super) fn cpu_fields(stat: &str) -> Option<([u64; 4], u64)> {
-    let after = &stat[stat.rfind(')')? + 1..];
-    let mut fields = after.split_whitespace().skip(11);
-    let mut next = || fields.next()?.parse::<i64>().ok().map(|v| v.max(0) as u64);
-    let times = [next()?, next()?, next()?, next()?];
-    let start = fields.nth(4)?.parse().ok()?;
-    Some((times, start))
 }
 
 /// `waitpid(-1)` for the init that also keeps the budgets (CPU time, and memory: see
@@ -290,10 +269,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fields_are_counted_from_the_last_parenthesis() {
-        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 7 3 11 13 20 0 1 0 5 99";
-        assert_eq!(cpu_fields(stat), Some(([7, 3, 11, 13], 5)));
-        assert_eq!(cpu_fields("42 (x) S 1"), None);
+    fn cpus_are_counted_from_their_own_lines() {
         assert_eq!(
             count_cpus("cpu  1 2 3\ncpu0 1 2\ncpu1 3 4\nintr 5\ncpufreq 1\n"),
             2

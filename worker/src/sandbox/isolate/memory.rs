@@ -25,6 +25,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::procfs::{self, field_kb};
+
 /// The shortest time between two checks.
 pub const MIN_CHECK: Duration = Duration::from_millis(10);
 /// The longest time between two checks.
@@ -59,23 +61,13 @@ impl MemoryBudget {
     /// own excepted.
     pub fn used_kb(&mut self) -> u64 {
         let me = std::process::id();
-        let Ok(entries) = std::fs::read_dir(&self.proc) else {
-            return 0;
-        };
         let mut kb = 0u64;
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let Some(pid) = name.to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            if pid == me {
-                continue;
-            }
+        for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
             // A process gone since the listing holds nothing any more.
-            let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            let Some(status) = process.read("status") else {
                 continue;
             };
-            let rollup = std::fs::read_to_string(entry.path().join("smaps_rollup")).ok();
+            let rollup = process.read("smaps_rollup");
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
         self.peak_kb = self.peak_kb.max(kb);
@@ -100,14 +92,6 @@ fn process_kb(status: &str, rollup: Option<&str>) -> u64 {
         field_kb(status, "RssAnon:").unwrap_or(0) + field_kb(status, "RssShmem:").unwrap_or(0)
     });
     held.saturating_add(tables)
-}
-
-/// The value of a `Name:   123 kB` line.
-fn field_kb(text: &str, name: &str) -> Option<u64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::budget;
+use super::procfs;
 use crate::sandbox::kernel::sys::Usage;
 
 /// The `/proc` the sandbox whose init has host pid `init` mounted for itself, when it is one
@@ -24,51 +24,24 @@ pub(crate) fn sandbox_proc(init: i32) -> Option<PathBuf> {
 
 /// The CPU time and the largest peak resident size of the processes listed in `proc`.
 pub(crate) fn used(proc: &Path) -> Usage {
-    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .filter(|t| *t > 0)
-        .map_or(100, |t| t as u64);
-    let Ok(entries) = std::fs::read_dir(proc) else {
-        return Usage::default();
-    };
     let mut ticks = 0u64;
     let mut max_rss_kb = 0u64;
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        if name.to_str().is_none_or(|n| n.parse::<u32>().is_err()) {
-            continue;
-        }
+    for process in procfs::processes(proc) {
         // A process gone since the listing was reaped: its time is in its parent's counters.
-        if let Some((times, _)) = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| budget::cpu_fields(&s))
-        {
+        if let Some((times, _)) = process.read("stat").and_then(|s| procfs::cpu_fields(&s)) {
             ticks = ticks.saturating_add(times.iter().sum());
         }
-        if let Some(kb) = std::fs::read_to_string(entry.path().join("status"))
-            .ok()
-            .and_then(|s| peak_kb(&s))
+        if let Some(kb) = process
+            .read("status")
+            .and_then(|s| procfs::field_kb(&s, "VmHWM:"))
         {
             max_rss_kb = max_rss_kb.max(kb);
         }
     }
     Usage {
-        cpu_us: ticks.saturating_mul(1_000_000) / ticks_per_s,
+        cpu_us: ticks.saturating_mul(1_000_000) / procfs::ticks_per_s(),
         max_rss_kb,
     }
-}
-
-/// `VmHWM` of a `/proc/<pid>/status`, in KiB.
-fn peak_kb(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]
