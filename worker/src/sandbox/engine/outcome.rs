@@ -75,38 +75,97 @@ pub(super) const OOM_OUTSIDE_THE_LIMIT: &str =
     "killed by the kernel's OOM killer: the host (or the node's cgroup) ran out of memory, \
      not this job's memory limit";
 
-/// Folds what a run observed into its outcome.
+/// Folds what a run observed into its outcome: a job whose set-up failed did not run;
+/// otherwise its measures, then how it ended, first the kills from outside (the watchdog's, the
+/// engine's, the kernel's), then the program's own ending as its init reported it.
 pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
+    if let Some(not_run) = set_up_failed(&seen) {
+        return not_run;
+    }
+    let mut outcome = measured(&seen, &terms);
     let Observed {
         report,
         exit,
         kills,
         stdout,
         stderr,
-        cpu_at_report_us,
         accounting,
+        ..
     } = seen;
-    let setup_error = report
+    let timed_out = exit.is_some_and(|e| e.timed_out);
+    if timed_out {
+        killed_by(&mut outcome, Status::Timeout);
+        outcome.exit_code = EXIT_TIMEOUT;
+    } else if kills.cancelled {
+        killed_by(&mut outcome, Status::Cancelled);
+    } else if terms.output_mode == OutputMode::Kill
+        && (kills.output || stdout.truncated || stderr.truncated)
+    {
+        // Past the cap the sandbox is killed (its pipes stay open until then); whichever of
+        // the kill and our noticing came first, the job ended because of its output.
+        killed_by(&mut outcome, Status::OutputLimit);
+    } else if accounting.is_some_and(|a| a.oom_killed && a.out_of_memory) {
+        killed_by(&mut outcome, Status::MemoryLimit);
+    } else if accounting.is_some_and(|a| a.oom_killed) {
+        // Killed for memory the host or the node's cgroup ran short of, with the job under
+        // its own limit (sandboxes are the OOM killer's first choice): not the job's limit.
+        killed_by(&mut outcome, Status::Signaled);
+        outcome.error = Some(OOM_OUTSIDE_THE_LIMIT.into());
+    } else if kills.cpu {
+        killed_by(&mut outcome, Status::CpuLimit);
+    } else if let Some(r) = report {
+        program_ended(&mut outcome, r, accounting, &stderr.bytes, &terms);
+    } else {
+        outcome.status = Status::Error;
+        outcome.exit_code = EXIT_SANDBOX_ERROR;
+        outcome.error = Some("the sandbox init died without a report".into());
+    }
+    outcome.runtime = terms.runtime;
+    outcome
+}
+
+/// The outcome of a job whose sandbox's set-up failed (so the program never ran), if it did.
+fn set_up_failed(seen: &Observed) -> Option<Outcome> {
+    let error = seen
+        .report
         .as_ref()
         .and_then(|r| r.setup_error.clone())
-        .or_else(|| exit.as_ref().and_then(|e| e.error.clone()));
-    if let Some(error) = setup_error {
-        if kills.cancelled {
-            // Our own kill landed before the program started (the launcher was still
-            // writing files, say): the job was cancelled, and its sandbox did not fail.
-            return Outcome::not_run(Status::Cancelled, "cancelled before the program started");
-        }
-        if error.fault == Fault::Job {
-            return Outcome::not_run(Status::Invalid, format!("job not run: {error}"));
-        }
-        let mut o = Outcome::not_run(
-            Status::Error,
-            format!("sandbox set-up failed, job not run: {error}"),
-        );
-        o.stderr = String::from_utf8_lossy(&stderr.bytes).into_owned();
-        return o;
+        .or_else(|| seen.exit.as_ref().and_then(|e| e.error.clone()))?;
+    if seen.kills.cancelled {
+        // Our own kill landed before the program started (the launcher was still
+        // writing files, say): the job was cancelled, and its sandbox did not fail.
+        return Some(Outcome::not_run(
+            Status::Cancelled,
+            "cancelled before the program started",
+        ));
     }
-    let exit = exit.unwrap_or_default();
+    if error.fault == Fault::Job {
+        return Some(Outcome::not_run(
+            Status::Invalid,
+            format!("job not run: {error}"),
+        ));
+    }
+    let mut o = Outcome::not_run(
+        Status::Error,
+        format!("sandbox set-up failed, job not run: {error}"),
+    );
+    o.stderr = String::from_utf8_lossy(&seen.stderr.bytes).into_owned();
+    Some(o)
+}
+
+/// A program's outcome before its ending is known: `ok`, with its output, times and usage.
+fn measured(seen: &Observed, terms: &Terms) -> Outcome {
+    let Observed {
+        report,
+        exit,
+        stdout,
+        stderr,
+        cpu_at_report_us,
+        accounting,
+        ..
+    } = seen;
+    let no_exit = Exit::default();
+    let exit = exit.as_ref().unwrap_or(&no_exit);
     let exec_ns = report.as_ref().and_then(|r| r.exec_ns).or(exit.exec_ns);
     let exit_ns = report
         .as_ref()
@@ -115,11 +174,11 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
     // Without cgroups the peak is the largest process's, or the most the processes held
     // together at one of the init's checks if that is more, plus what the job held outside
     // its processes at the end (with cgroups, memory.peak has all of it).
-    let (cpu_us, rss_kb) = match &report {
+    let (cpu_us, rss_kb) = match report {
         Some(r) => (r.cpu_us, r.max_rss_kb.max(r.memory_counted_kb) + r.held_kb),
         None => (exit.cpu_us, exit.max_rss_kb),
     };
-    let mut outcome = Outcome {
+    Outcome {
         status: Status::Ok,
         exit_code: 0,
         signal: None,
@@ -147,93 +206,75 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         files_truncated: Vec::new(),
         watchdog_overshoot_us: exit.overshoot_ns.map(|ns| ns / 1000),
         error: None,
-        runtime: terms.runtime,
-    };
-    let killed_by = |o: &mut Outcome, status| {
-        o.status = status;
-        o.signal = Some(libc::SIGKILL);
-        o.exit_code = 128 + libc::SIGKILL;
-    };
-    if exit.timed_out {
-        killed_by(&mut outcome, Status::Timeout);
-        outcome.exit_code = EXIT_TIMEOUT;
-    } else if kills.cancelled {
-        killed_by(&mut outcome, Status::Cancelled);
-    } else if terms.output_mode == OutputMode::Kill
-        && (kills.output || stdout.truncated || stderr.truncated)
-    {
-        // Past the cap the sandbox is killed (its pipes stay open until then); whichever of
-        // the kill and our noticing came first, the job ended because of its output.
-        killed_by(&mut outcome, Status::OutputLimit);
-    } else if accounting.is_some_and(|a| a.oom_killed && a.out_of_memory) {
-        killed_by(&mut outcome, Status::MemoryLimit);
-    } else if accounting.is_some_and(|a| a.oom_killed) {
-        // Killed for memory the host or the node's cgroup ran short of, with the job under
-        // its own limit (sandboxes are the OOM killer's first choice): not the job's limit.
-        killed_by(&mut outcome, Status::Signaled);
-        outcome.error = Some(OOM_OUTSIDE_THE_LIMIT.into());
-    } else if kills.cpu {
-        killed_by(&mut outcome, Status::CpuLimit);
-    } else if let Some(r) = report {
-        if r.memory_budget_exceeded {
-            // The init stopped the whole sandbox: its processes together held more than the
-            // job's memory.
-            killed_by(&mut outcome, Status::MemoryLimit);
-        } else if r.cpu_budget_exceeded {
-            // The init stopped the whole sandbox: its processes together used up the
-            // job's CPU time. The program's own ending is what that kill made of it.
-            outcome.status = Status::CpuLimit;
-            outcome.signal = r.signal;
-            outcome.exit_code = r
-                .signal
-                .map_or(r.exit_code.unwrap_or(EXIT_SANDBOX_ERROR), |s| 128 + s);
-        } else if let Some(sig) = r.signal {
-            let cpu_exhausted =
-                sig == libc::SIGXCPU || (sig == libc::SIGKILL && outcome.cpu_ms >= terms.cpu_ms);
-            outcome.status = if cpu_exhausted {
-                Status::CpuLimit
-            } else {
-                Status::Signaled
-            };
-            outcome.signal = Some(sig);
-            outcome.exit_code = 128 + sig;
-        } else {
-            let code = r.exit_code.unwrap_or(EXIT_SANDBOX_ERROR);
-            outcome.exit_code = code;
-            outcome.status = if code == 0 {
-                Status::Ok
-            } else {
-                Status::Failed
-            };
-        }
-        let failed = matches!(outcome.status, Status::Failed | Status::Signaled);
-        let out_of_memory = match terms.memory {
-            // Both words: the kernel's, that the job reached memory.max with nothing left to
-            // reclaim and nothing was killed, and the runtime's, that an allocation failed.
-            MemoryEnforcement::Cgroup => {
-                failed
-                    && accounting.is_some_and(|a| a.out_of_memory)
-                    && limits::says_out_of_memory(&stderr.bytes)
-            }
-            MemoryEnforcement::DataRlimit => limits::out_of_memory_evident(
-                failed,
-                &stderr.bytes,
-                outcome.max_rss_kb,
-                terms.memory_mb,
-            ),
-        };
-        if out_of_memory {
-            outcome.status = Status::MemoryLimit;
-        }
-        outcome.files = r.files;
-        outcome.files_truncated = r.files_truncated;
-        outcome.error = r.collect_error;
-    } else {
-        outcome.status = Status::Error;
-        outcome.exit_code = EXIT_SANDBOX_ERROR;
-        outcome.error = Some("the sandbox init died without a report".into());
+        runtime: None,
     }
-    outcome
+}
+
+/// Ended by a SIGKILL from outside the program, for `status`.
+fn killed_by(o: &mut Outcome, status: Status) {
+    o.status = status;
+    o.signal = Some(libc::SIGKILL);
+    o.exit_code = 128 + libc::SIGKILL;
+}
+
+/// The program's own ending, as its init reported it (`r`), and the files it collected.
+fn program_ended(
+    outcome: &mut Outcome,
+    r: Report,
+    accounting: Option<Accounting>,
+    stderr: &[u8],
+    terms: &Terms,
+) {
+    if r.memory_budget_exceeded {
+        // The init stopped the whole sandbox: its processes together held more than the
+        // job's memory.
+        killed_by(outcome, Status::MemoryLimit);
+    } else if r.cpu_budget_exceeded {
+        // The init stopped the whole sandbox: its processes together used up the
+        // job's CPU time. The program's own ending is what that kill made of it.
+        outcome.status = Status::CpuLimit;
+        outcome.signal = r.signal;
+        outcome.exit_code = r
+            .signal
+            .map_or(r.exit_code.unwrap_or(EXIT_SANDBOX_ERROR), |s| 128 + s);
+    } else if let Some(sig) = r.signal {
+        let cpu_exhausted =
+            sig == libc::SIGXCPU || (sig == libc::SIGKILL && outcome.cpu_ms >= terms.cpu_ms);
+        outcome.status = if cpu_exhausted {
+            Status::CpuLimit
+        } else {
+            Status::Signaled
+        };
+        outcome.signal = Some(sig);
+        outcome.exit_code = 128 + sig;
+    } else {
+        let code = r.exit_code.unwrap_or(EXIT_SANDBOX_ERROR);
+        outcome.exit_code = code;
+        outcome.status = if code == 0 {
+            Status::Ok
+        } else {
+            Status::Failed
+        };
+    }
+    let failed = matches!(outcome.status, Status::Failed | Status::Signaled);
+    let out_of_memory = match terms.memory {
+        // Both words: the kernel's, that the job reached memory.max with nothing left to
+        // reclaim and nothing was killed, and the runtime's, that an allocation failed.
+        MemoryEnforcement::Cgroup => {
+            failed
+                && accounting.is_some_and(|a| a.out_of_memory)
+                && limits::says_out_of_memory(stderr)
+        }
+        MemoryEnforcement::DataRlimit => {
+            limits::out_of_memory_evident(failed, stderr, outcome.max_rss_kb, terms.memory_mb)
+        }
+    };
+    if out_of_memory {
+        outcome.status = Status::MemoryLimit;
+    }
+    outcome.files = r.files;
+    outcome.files_truncated = r.files_truncated;
+    outcome.error = r.collect_error;
 }
 
 #[cfg(test)]
