@@ -33,9 +33,7 @@ mod process;
 mod runtime;
 
 pub use engine::check;
-pub use engine::defaults::{
-    DEFAULT_ALLOWLIST, DEFAULT_PATH, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR,
-};
+pub use engine::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
 pub use engine::output::{OutputChunk, OutputStream};
 pub use engine::run::Slot;
 pub use engine::start::{
