@@ -76,7 +76,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 # name, binary, arguments: what the guest runs, one line each.
 {
-  printf '%s\t%s\t%s\n' cgroup-unit "$LIB" "sandbox::cgroup sandbox::limits"
+  printf '%s\t%s\t%s\n' cgroup-unit "$LIB" "sandbox::isolate::cgroup sandbox::isolate::limits"
   printf '%s\t%s\t%s\n' cgroup-limits "$CGROUP" ""
   # The unprivileged rows take the rlimit fallback, which the host's own run covers.
   printf '%s\t%s\t%s\n' runtimes "$RUNTIMES" "as_root memory_hogs"

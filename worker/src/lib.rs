@@ -1,9 +1,8 @@
 //! Forkbox: a job-queue worker node that runs untrusted code in rootless sandboxes forked from
 //! a warm zygote.
 
-// The only unsafe code lives in `sandbox::sys`, which opts back in.
+// The only unsafe code lives in `sandbox::kernel::sys`, which opts back in.
 #![deny(unsafe_code)]
 
-pub mod check;
 pub mod node;
 pub mod sandbox;

@@ -8,8 +8,7 @@ mod sandbox_support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use forkbox::sandbox::runtime::python::{PythonRuntime, PythonSettings};
-use forkbox::sandbox::{Engine, EngineConfig};
+use forkbox::sandbox::{Engine, EngineConfig, PythonRuntime, PythonSettings};
 use forkbox_queue::schema::{Job, Limits, Outcome, Runtime, Status};
 
 use sandbox_support::{emulated_guest, forkbox, identities, BIN};
@@ -139,9 +138,9 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
             timeout_ms: Some(3 * grace_ms()),
             ..python(&program(SPIN), warm)
         };
-        let grace = Duration::from_millis(grace_ms());
+        let cancel = tokio::time::sleep(Duration::from_millis(grace_ms()));
         let out = engine
-            .run_cancellable(&cancelled, tokio::time::sleep(grace))
+            .run_in(engine.slot().await, &cancelled, cancel, None)
             .await;
         check(format!("{kind} cancelled"), out, Status::Cancelled);
     }

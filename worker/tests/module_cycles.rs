@@ -309,3 +309,100 @@ fn the_check_sees_edges_and_cycles() {
     graph.get_mut("b").unwrap().clear();
     assert_eq!(find_cycle(&graph), None);
 }
+
+/// The floors of `sandbox`'s rooms: a module may import from its own floor or a lower one,
+/// never from a room above its own. The engine's side stands on the processes it starts,
+/// they on the isolation steps they share and the warm runtimes, and all of them on the
+/// kernel's calls. `sandbox` itself (its `mod.rs`, the public face) stands above them all.
+const SANDBOX_FLOORS: &[(&str, u32)] = &[
+    ("kernel", 0),
+    ("isolate", 1),
+    ("runtime", 1),
+    ("process", 2),
+    ("engine", 3),
+];
+
+/// The floor of a module of `sandbox` (`sandbox::isolate::rootfs`): its room's, or none for
+/// `sandbox` itself and for modules outside it. A module directly in `sandbox/` that is not a
+/// room has no floor the plan knows, and is refused.
+fn sandbox_floor(module: &str) -> Option<u32> {
+    let rest = module.strip_prefix("sandbox::")?;
+    let room = rest.split("::").next().unwrap();
+    let floor = SANDBOX_FLOORS
+        .iter()
+        .find(|(r, _)| *r == room)
+        .map(|(_, f)| *f);
+    assert!(
+        floor.is_some(),
+        "{module}: `sandbox/{room}` is in no room of SANDBOX_FLOORS; put it in one, or add its \
+         room with its floor"
+    );
+    floor
+}
+
+/// Every import inside `sandbox` that points to a room above its own (module → target).
+fn arrows_up(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (module, targets) in graph {
+        let Some(floor) = sandbox_floor(module) else {
+            continue;
+        };
+        for target in targets {
+            if target == "sandbox" || sandbox_floor(target).is_some_and(|t| t > floor) {
+                out.push((module.clone(), target.clone()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_sandbox_module_imports_from_a_floor_above_its_own() {
+    let graph = graph_of(&workspace().join("worker").join("src"));
+    let rooms: BTreeSet<&str> = graph
+        .keys()
+        .filter_map(|m| m.strip_prefix("sandbox::"))
+        .map(|m| m.split("::").next().unwrap())
+        .collect();
+    let planned: BTreeSet<&str> = SANDBOX_FLOORS.iter().map(|(r, _)| *r).collect();
+    assert_eq!(rooms, planned, "the rooms of worker/src/sandbox");
+    let up = arrows_up(&graph);
+    assert!(
+        up.is_empty(),
+        "imports pointing up the sandbox's floors ({SANDBOX_FLOORS:?}): {up:?}"
+    );
+}
+
+#[test]
+fn the_floor_check_sees_arrows_up() {
+    let edge = |from: &str, to: &str| {
+        let mut graph = BTreeMap::new();
+        graph.insert(from.to_owned(), BTreeSet::from([to.to_owned()]));
+        arrows_up(&graph)
+    };
+    let up = |from: &str, to: &str| vec![(from.to_owned(), to.to_owned())];
+    assert_eq!(
+        edge("sandbox::kernel::sys", "sandbox::isolate::limits"),
+        up("sandbox::kernel::sys", "sandbox::isolate::limits")
+    );
+    assert_eq!(
+        edge("sandbox::isolate::rootfs", "sandbox::process::wire"),
+        up("sandbox::isolate::rootfs", "sandbox::process::wire")
+    );
+    assert_eq!(
+        edge("sandbox::process::init", "sandbox::engine::run"),
+        up("sandbox::process::init", "sandbox::engine::run")
+    );
+    // The public face is above every room.
+    assert_eq!(
+        edge("sandbox::process::zygote", "sandbox"),
+        up("sandbox::process::zygote", "sandbox")
+    );
+    assert!(edge("sandbox::engine::run", "sandbox::kernel::clock").is_empty());
+    assert!(edge("sandbox::isolate::usage", "sandbox::isolate::budget").is_empty());
+    assert!(edge("sandbox::isolate::limits", "sandbox::runtime::python").is_empty());
+    assert!(edge("sandbox", "sandbox::engine::start").is_empty());
+    assert!(edge("node::job", "sandbox::engine::run").is_empty());
+    let stray = std::panic::catch_unwind(|| edge("sandbox::stray", "sandbox::kernel::sys"));
+    assert!(stray.is_err(), "a module in no room is refused");
+}

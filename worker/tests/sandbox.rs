@@ -13,8 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use forkbox::sandbox::cgroup::Delegation;
-use forkbox::sandbox::{seccomp::denied_numbers, CgroupSource, Engine, EngineConfig};
+use forkbox::sandbox::{denied_numbers, CgroupSource, Delegation, Engine, EngineConfig};
 use forkbox_queue::schema::{FileData, Job, Limits, Network, Status};
 use sandbox_support::{
     forkbox as command, identities, is_root, unprivileged_bin, wait_until, Identity, BIN,
@@ -1394,7 +1393,9 @@ async fn a_job_cancelled_before_its_program_starts_is_cancelled_not_failed() {
         ..Job::shell("echo ran")
     };
     for _ in 0..5 {
-        let out = engine.run_cancellable(&job, std::future::ready(())).await;
+        let out = engine
+            .run_in(engine.slot().await, &job, std::future::ready(()), None)
+            .await;
         assert_eq!(
             out.status,
             Status::Cancelled,
@@ -1783,8 +1784,9 @@ async fn concurrent_none_jobs_cannot_reach_each_others_abstract_sockets() {
     let first = {
         let engine = engine.clone();
         tokio::spawn(async move {
+            let slot = engine.slot().await;
             engine
-                .run_with(&listener, std::future::pending(), Some(tx))
+                .run_in(slot, &listener, std::future::pending(), Some(tx))
                 .await
         })
     };

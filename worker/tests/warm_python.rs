@@ -11,8 +11,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use forkbox::sandbox::runtime::python::{PythonRuntime, PythonSettings};
-use forkbox::sandbox::{Engine, EngineConfig};
+use forkbox::sandbox::{Engine, EngineConfig, PythonRuntime, PythonSettings};
 use forkbox_queue::schema::{FileData, Job, Limits, Outcome, Runtime};
 use serde_json::Value;
 
@@ -628,7 +627,7 @@ print(json.dumps(out))
 
 #[test]
 fn the_escape_checks_pass_inside_a_warm_job_as_root_and_as_nobody() {
-    let denied = forkbox::sandbox::seccomp::denied_numbers().unwrap();
+    let denied = forkbox::sandbox::denied_numbers().unwrap();
     let denied_json = serde_json::to_string(&denied).unwrap();
     let hosts_before = std::fs::read("/etc/hosts").unwrap();
     for who in sandbox_support::identities() {
@@ -702,12 +701,12 @@ fn the_escape_checks_pass_inside_a_warm_job_as_root_and_as_nobody() {
         // cold job.
         assert_eq!(r["rlimit_as"], -1, "{who}");
         let delegated = matches!(
-            forkbox::sandbox::cgroup::probe(
+            forkbox::sandbox::probe_cgroup(
                 std::path::Path::new("/proc/self/mountinfo"),
                 std::path::Path::new("/proc/self/cgroup"),
             )
             .delegation,
-            forkbox::sandbox::cgroup::Delegation::Delegated(_)
+            forkbox::sandbox::Delegation::Delegated(_)
         );
         let data = if delegated { -1 } else { 300 * 1024 * 1024 };
         assert_eq!(r["rlimit_data"], data, "{who}");

@@ -2,8 +2,7 @@
 
 use std::process::ExitCode;
 
-use forkbox::check;
-use forkbox::sandbox::{self, Engine};
+use forkbox::sandbox::{self, check, Engine};
 use forkbox_queue::schema::{Job, Network, Status};
 
 use super::opts::{RedisTlsOpts, SandboxOpts};
@@ -94,7 +93,7 @@ pub fn main(args: CheckArgs) -> anyhow::Result<ExitCode> {
                 "info  seccomp: allow list compiled to {} BPF instructions",
                 m.seccomp_instructions
             );
-            if let sandbox::cgroup::Delegation::Unavailable(reason) = &m.cgroup {
+            if let sandbox::Delegation::Unavailable(reason) = &m.cgroup {
                 // Delegated by the probe, yet the engine could not use it.
                 if !report.lines.iter().any(|l| l.starts_with("hint")) {
                     println!("warn  cgroup v2: not used: {reason}");
@@ -122,7 +121,7 @@ pub fn main(args: CheckArgs) -> anyhow::Result<ExitCode> {
 
 /// `forkbox check`'s lines on the warm Python runtime; never fatal (jobs then run cold).
 fn python_check(engine: &Engine) -> anyhow::Result<()> {
-    use sandbox::runtime::python::PythonRuntime;
+    use sandbox::PythonRuntime;
     match &engine.mechanisms().python {
         PythonRuntime::Disabled => println!("info  python runtime: off (--python-preload none)"),
         PythonRuntime::Unavailable(why) => {

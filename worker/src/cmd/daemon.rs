@@ -378,7 +378,10 @@ async fn serve_connection(
                     };
                     let live = stream.then_some(chunk_tx);
                     let started = forkbox_queue::now_ms();
-                    let run = engine.run_with(&job, gone.notified(), live);
+                    let run = async {
+                        let slot = engine.slot().await;
+                        engine.run_in(slot, &job, gone.notified(), live).await
+                    };
                     let (outcome, ()) = tokio::join!(run, forward);
                     let times = (started, forkbox_queue::now_ms());
                     let _ = tx.send(result_line(Some(id), outcome, Some(times)));

@@ -172,7 +172,7 @@ fn client_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// Says at start what the warm Python runtime is, and which preload modules it could not import
 /// (a misspelt module would otherwise show only in `forkbox check`).
 pub fn log_python_runtime(engine: &forkbox::sandbox::Engine) {
-    use forkbox::sandbox::runtime::python::PythonRuntime;
+    use forkbox::sandbox::PythonRuntime;
     match &engine.mechanisms().python {
         PythonRuntime::Disabled => {}
         PythonRuntime::Unavailable(why) => {

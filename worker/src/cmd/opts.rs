@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use forkbox::sandbox::{self, wire::RootSource, Engine, EngineConfig};
+use forkbox::sandbox::{self, Engine, EngineConfig, RootSource};
 use forkbox_queue::schema::{FileData, Job, Limits, Network};
 use serde::Deserialize;
 
@@ -288,12 +288,7 @@ fn allow_entry(s: &str) -> Result<PathBuf, String> {
     {
         return Err("has a `..` in it; name the directory itself".into());
     }
-    let own = sandbox::rootfs::OWN_MOUNTS.map(|(dir, what)| (format!("/{dir}"), what));
-    let work = (
-        sandbox::DEFAULT_WORK_DIR.to_owned(),
-        "its own disk as the working directory",
-    );
-    for (own, what) in own.into_iter().chain([work]) {
+    for (own, what) in sandbox::own_mount_points(sandbox::DEFAULT_WORK_DIR) {
         if path.starts_with(&own) {
             return Err(format!(
                 "every sandbox mounts {what} on {own}, which would hide it"
@@ -349,11 +344,9 @@ fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, 
 
 /// The warm Python runtime for a `--python-preload` value (absent: the default list). The
 /// word `default` in the list stands for the default list, so `default,unittest` adds to it.
-pub fn python_settings(
-    preload: Option<&[String]>,
-) -> Option<sandbox::runtime::python::PythonSettings> {
-    use sandbox::runtime::python::DEFAULT_PRELOAD;
-    let mut settings = sandbox::runtime::python::PythonSettings::default();
+pub fn python_settings(preload: Option<&[String]>) -> Option<sandbox::PythonSettings> {
+    use sandbox::DEFAULT_PYTHON_PRELOAD as DEFAULT_PRELOAD;
+    let mut settings = sandbox::PythonSettings::default();
     match preload {
         Some([none]) if none == "none" => return None,
         Some(list) => {
@@ -530,7 +523,7 @@ mod tests {
 
     #[test]
     fn default_in_a_preload_list_stands_for_the_default_list() {
-        use sandbox::runtime::python::DEFAULT_PRELOAD;
+        use sandbox::DEFAULT_PYTHON_PRELOAD as DEFAULT_PRELOAD;
         let preload = |list: &[&str]| {
             let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
             python_settings(Some(&list)).unwrap().preload

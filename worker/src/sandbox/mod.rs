@@ -7,75 +7,42 @@
 //! everything is folded into an [`Outcome`](forkbox_queue::schema::Outcome). See
 //! `docs/architecture.md` for the whole sequence.
 //!
-//! The engine's side, one file per concern:
-//! - `engine`: configuration, start-up of the zygote, what the host enforces ([`Mechanisms`]);
-//! - `run`: one job, end to end: checks, payload, hand-over, waiting, outcome;
-//! - `payload`: what a job becomes before it is handed over (environment, memfds, exec size);
-//! - `handover`: giving a job to a ready launcher (or the zygote's queue), cgroup placement;
-//! - `events`: the zygote's event reader, routing each event to its run;
-//! - `event_loop`: each run's wait for its report and exit, and the kills it sends;
-//! - `output`: capped stdout/stderr capture;
-//! - `outcome`: the pure fold of what was observed into an `Outcome`;
-//! - `identity`: user namespaces and id maps; `staging`: the host staging directory.
-//!
-//! The processes it starts, one file each: `zygote` (with its `watchdog`), `init` (pid 1 of
-//! each sandbox), and `launcher` (which becomes the program), with the isolation steps they
-//! share in files named after them: `identity`, `rootfs`, `netns`, `ipc`, `counts`, `limits`,
-//! `hardening` (no_new_privs, capabilities, seccomp), `seccomp`, `cgroup`, `budget`, `memory`,
-//! `collect`, and `usage` (what a sandbox killed from outside used).
-//! Messages between them are in `wire`; every `unsafe` block is in `sys`.
+//! Five rooms on four floors; a module imports only from its own floor or one below, never up
+//! (`worker/tests/module_cycles.rs` holds the plan):
+//! - `engine` (floor 3): the node's side, all asynchronous: configuration and the zygote's
+//!   start-up (`start`), one job end to end (`run`), its payload, hand-over, events and waits,
+//!   capped output, the pure fold into an outcome, the host staging directory, the defaults,
+//!   and `check`, the probe of what the host supports;
+//! - `process` (floor 2): one file per process of the sandbox tree, `zygote` (with its
+//!   `watchdog`), `init` (pid 1 of each sandbox) and `launcher` (which becomes the program),
+//!   the messages between them and the engine (`wire`) and the user namespaces they hand each
+//!   other (`identity`);
+//! - `isolate` (floor 1): the isolation steps the processes share, one file each: `rootfs`,
+//!   `netns`, `ipc`, `counts`, `limits`, `hardening` (no_new_privs, capabilities, seccomp),
+//!   `seccomp`, `cgroup`, `budget`, `memory`, `collect`, `usage`, `held`, `procfs` (the one
+//!   reader of a sandbox's `/proc`), and the `SetupError` every step returns;
+//! - `runtime` (floor 1): warm interpreters, initialised in the zygote and handed a job by the
+//!   launcher;
+//! - `kernel` (floor 0): `sys`, where every `unsafe` block lives (the CPython FFI included),
+//!   `syscalls`, the seam over the calls whose order is the design, and `clock`.
 
-pub mod budget;
-pub mod cgroup;
-pub mod collect;
-pub mod counts;
 mod engine;
-mod event_loop;
-mod events;
-mod handover;
-pub mod hardening;
-pub mod held;
-mod identity;
-pub mod init;
-pub mod ipc;
-pub mod launcher;
-pub mod limits;
-pub mod memory;
-pub mod netns;
-mod outcome;
-mod output;
-mod payload;
-pub mod rootfs;
-mod run;
-pub mod runtime;
-pub mod seccomp;
-mod staging;
-#[allow(unsafe_code)]
-pub mod sys;
-pub mod syscalls;
-mod usage;
-mod watchdog;
-pub mod wire;
-pub mod zygote;
+mod isolate;
+mod kernel;
+mod process;
+mod runtime;
 
-pub use engine::{default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms};
-pub use output::{OutputChunk, OutputStream};
-pub use run::Slot;
-
-/// The job's working directory inside every sandbox (also its `HOME`).
-pub const DEFAULT_WORK_DIR: &str = "/work";
-/// Host directories exposed by default (those that exist).
-pub const DEFAULT_ALLOWLIST: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-];
-/// `PATH` inside the sandbox unless the job sets one.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// Host uid (and gid) that the sandbox's root maps to when the node runs as host root.
-pub const DEFAULT_ROOT_MAPPED_ID: u32 = 100_000;
-
-/// CLOCK_MONOTONIC in nanoseconds; shared by the engine and the zygote.
-pub fn mono_ns() -> i64 {
-    let ts =
-        nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).expect("CLOCK_MONOTONIC");
-    ts.tv_sec() * 1_000_000_000 + ts.tv_nsec()
-}
+pub use engine::check;
+pub use engine::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
+pub use engine::output::{OutputChunk, OutputStream};
+pub use engine::run::Slot;
+pub use engine::start::{
+    default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms,
+};
+pub use isolate::cgroup::{probe as probe_cgroup, Delegation};
+pub use isolate::rootfs::{own_mount_points, RootSource};
+pub use isolate::seccomp::denied_numbers;
+pub use process::zygote::main as zygote_main;
+pub use runtime::python::{
+    PythonRuntime, PythonSettings, DEFAULT_PRELOAD as DEFAULT_PYTHON_PRELOAD,
+};

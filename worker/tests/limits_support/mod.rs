@@ -92,7 +92,7 @@ pub fn runtimes_required() -> bool {
 
 /// The cgroup v2 directory delegated to this process (as the node sees it), if any.
 pub fn delegated_cgroup() -> Result<PathBuf, String> {
-    use forkbox::sandbox::cgroup::{probe, Delegation};
+    use forkbox::sandbox::{probe_cgroup as probe, Delegation};
     match probe(
         Path::new("/proc/self/mountinfo"),
         Path::new("/proc/self/cgroup"),

@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use forkbox_queue::schema::FileData;
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::sys::{self, Libpython};
+use crate::sandbox::kernel::sys::{self, Libpython};
 
 /// The Python side of the runtime.
 const STUB: &str = include_str!("python_stub.py");
@@ -207,7 +207,7 @@ static LOADED: OnceLock<Libpython> = OnceLock::new();
 /// Zygote side: loads and initialises the interpreter and imports the preload list. Runs in
 /// the zygote before any sandbox exists; nothing of any job is in this process, ever.
 pub fn warm_up(request: &WarmRequest) -> Result<WarmInfo, String> {
-    let started = crate::sandbox::mono_ns();
+    let started = crate::sandbox::kernel::clock::mono_ns();
     let rss_before_kb = rss_kb();
     // CPython reads its locale and paths from the environment at initialisation. The zygote
     // was started with an empty one and is single-threaded.
@@ -247,7 +247,7 @@ pub fn warm_up(request: &WarmRequest) -> Result<WarmInfo, String> {
             "the interpreter started a thread; the zygote must stay single-threaded".into(),
         );
     }
-    info.warm_up_ms = (crate::sandbox::mono_ns() - started) as f64 / 1e6;
+    info.warm_up_ms = (crate::sandbox::kernel::clock::mono_ns() - started) as f64 / 1e6;
     info.rss_before_kb = rss_before_kb;
     info.rss_after_kb = rss_kb();
     let _ = LOADED.set(py);

@@ -1,0 +1,25 @@
+//! The engine's side of the sandbox, all asynchronous and in the node's process:
+//! - `start`: configuration, start-up of the zygote, what the host enforces (`Mechanisms`);
+//! - `run`: one job, end to end: checks, payload, hand-over, waiting, outcome; `run_error`:
+//!   why a run ended without an outcome of its own;
+//! - `payload`: what a job becomes before it is handed over (environment, memfds, exec size);
+//! - `handover`: giving a job to a ready launcher (or the zygote's queue), cgroup placement;
+//! - `events`: the zygote's event reader, routing each event to its run;
+//! - `event_loop`: each run's wait for its report and exit, and the kills it sends;
+//! - `output`: capped stdout/stderr capture;
+//! - `outcome`: the pure fold of what was observed into an `Outcome`;
+//! - `staging`: the host staging directory; `defaults`: what a sandbox gets unless told;
+//! - `check`: `forkbox check`'s probe of the host's mechanisms.
+
+pub mod check;
+pub(crate) mod defaults;
+pub(crate) mod event_loop;
+pub(crate) mod events;
+pub(crate) mod handover;
+pub(crate) mod outcome;
+pub(crate) mod output;
+pub(crate) mod payload;
+pub(crate) mod run;
+pub(crate) mod run_error;
+pub(crate) mod staging;
+pub(crate) mod start;

@@ -1,0 +1,257 @@
+//! One job, end to end: checks that need no sandbox, the payload, the hand-over, the wait for
+//! its report and exit, and the fold into an [`Outcome`].
+
+use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
+
+use forkbox_queue::schema::{EffectiveLimits, Job, Outcome, Status};
+use tokio::sync::mpsc;
+
+use super::event_loop::RunEvents;
+use super::events::Unregister;
+use super::outcome::{self, Observed, Terms};
+use super::output::{self, read_all, OutputChunk};
+use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
+use super::run_error::RunError;
+use super::start::Engine;
+use crate::sandbox::isolate::{collect, limits};
+use crate::sandbox::kernel::clock::mono_ns;
+use crate::sandbox::process::wire::{Payload, ToZygote};
+
+/// One of an engine's slots, held while a job runs in it ([`Engine::slot`]).
+#[derive(Debug)]
+pub struct Slot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Engine {
+    /// Runs one job to completion in the next free slot: [`Engine::run_in`] without a cancel
+    /// and without streaming its output.
+    pub async fn run(&self, job: &Job) -> Outcome {
+        let slot = self.slot().await;
+        self.run_in(slot, job, std::future::pending(), None).await
+    }
+
+    /// Waits for one of the engine's `slots` (first come, first served): the only count of
+    /// running jobs. A caller that orders jobs itself (the node's dispatcher) takes the slot
+    /// first, so a job that waits for one has not reached the engine, then runs in it.
+    pub async fn slot(&self) -> Slot {
+        let permit = self.inner.slots.clone().acquire_owned().await;
+        Slot {
+            _permit: permit.expect("the engine's slots are never closed"),
+        }
+    }
+
+    /// Runs one job in a slot already taken ([`Engine::slot`]), given back when the job is over.
+    /// When `cancel` completes first, the sandbox is killed and the outcome is `cancelled`;
+    /// with `output`, stdout and stderr chunks are also sent there as they arrive (within the
+    /// output cap).
+    pub async fn run_in(
+        &self,
+        slot: Slot,
+        job: &Job,
+        cancel: impl std::future::Future<Output = ()>,
+        output: Option<mpsc::UnboundedSender<OutputChunk>>,
+    ) -> Outcome {
+        let _slot = slot;
+        // The runtime's engine shares this one's slots: the slot holds there too.
+        if let (Some(_), Some(runtime)) = (job.runtime, &self.runtime) {
+            return Box::pin(runtime.execute_checked(job, cancel, output)).await;
+        }
+        self.execute_checked(job, cancel, output).await
+    }
+
+    /// Checks what needs no sandbox, then runs the job.
+    async fn execute_checked(
+        &self,
+        job: &Job,
+        cancel: impl std::future::Future<Output = ()>,
+        output: Option<mpsc::UnboundedSender<OutputChunk>>,
+    ) -> Outcome {
+        if let Err(e) = job
+            .validate()
+            .and_then(|()| self.inner.config.ceilings.check(job))
+        {
+            return Outcome::not_run(Status::Invalid, e.to_string());
+        }
+        let exec = exec_bytes(job, &self.inner.config.work_dir);
+        let exec_limit = exec_args_limit();
+        if exec > exec_limit {
+            return Outcome::not_run(
+                Status::Invalid,
+                format!(
+                    "{}: the command and env take {exec} bytes at exec, over the {exec_limit} \
+                     bytes this host's stack limit allows (a quarter of RLIMIT_STACK)",
+                    if job.argv.is_some() { "argv" } else { "cmd" }
+                ),
+            );
+        }
+        match self.execute(job, cancel, output).await {
+            Ok(outcome) => outcome,
+            Err(e) => Outcome::not_run(Status::Error, e.to_string()),
+        }
+    }
+
+    /// The job as the launcher needs it, and whether (and why not) it runs warm.
+    fn payload(
+        &self,
+        job: &Job,
+        limits: EffectiveLimits,
+    ) -> (Payload, Option<forkbox_queue::RuntimeUse>) {
+        let inner = &self.inner;
+        let mut payload = Payload {
+            job: job.clone(),
+            argv: job.command(),
+            env: job_env(job, &inner.config.work_dir),
+            limits,
+            memory: if inner.cgroups.is_some() {
+                limits::MemoryEnforcement::Cgroup
+            } else {
+                limits::MemoryEnforcement::DataRlimit
+            },
+            collect_max_bytes: inner.config.collect_max_bytes,
+            warm: None,
+        };
+        let runtime_use = job.runtime.map(|name| {
+            let decision = self.warm_plan(job, &payload.argv, &payload.env);
+            let (warm, note) = match decision {
+                Ok(plan) => (Some(plan), None),
+                Err(note) => (None, Some(note)),
+            };
+            payload.warm = warm;
+            forkbox_queue::RuntimeUse {
+                name,
+                warm: payload.warm.is_some(),
+                note,
+            }
+        });
+        (payload, runtime_use)
+    }
+
+    async fn execute(
+        &self,
+        job: &Job,
+        cancel: impl std::future::Future<Output = ()>,
+        output: Option<mpsc::UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, RunError> {
+        let inner = &self.inner;
+        if !inner.alive.load(Ordering::Acquire) {
+            return Err(RunError::ZygoteGone);
+        }
+        let limits = job.limits.resolve(&inner.config.defaults);
+        let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
+        if file_bytes > limits.disk_mb * 1024 * 1024 {
+            // The launcher would run out of room writing them: a fault of the job, not of the
+            // sandbox, so not worth a retry.
+            return Ok(Outcome::not_run(
+                Status::Invalid,
+                format!(
+                    "files: {file_bytes} bytes do not fit the job's disk of {} MiB \
+                     (limits.disk_mb)",
+                    limits.disk_mb
+                ),
+            ));
+        }
+        let (payload, runtime_use) = self.payload(job, limits);
+        let payload_fd =
+            memfd_with(&serde_json::to_vec(&payload).map_err(RunError::EncodePayload)?)?;
+        let stdin_bytes = match &job.stdin {
+            Some(data) => data.to_bytes().map_err(RunError::DecodeStdin)?,
+            None => Vec::new(),
+        };
+        let stdin_fd = memfd_with(&stdin_bytes)?;
+        let (stdout_r, stdout_w) = pipe()?;
+        let (stderr_r, stderr_w) = pipe()?;
+        let (report_r, report_w) = pipe()?;
+
+        let requested_ns = mono_ns();
+        let fds = [
+            payload_fd.as_fd(),
+            stdin_fd.as_fd(),
+            stdout_w.as_fd(),
+            stderr_w.as_fd(),
+            report_w.as_fd(),
+        ];
+        let network = job.network.unwrap_or(inner.config.network_default);
+        let (req, events, cgroup_job) =
+            self.hand_over(network, inner.config.ceilings.timeout_ms(job), &limits, fds)?;
+        let _unregister = Unregister {
+            waiters: &inner.waiters,
+            req,
+        };
+        drop((payload_fd, stdin_fd, stdout_w, stderr_w, report_w));
+        // From here on, a dropped future must not leave the sandbox running.
+        let mut kill_guard = KillGuard {
+            engine: self,
+            req,
+            armed: true,
+        };
+
+        let (capture, over_rx) = output::capture(stdout_r, stderr_r, limits.output_bytes, output);
+        let mut capture = std::pin::pin!(capture);
+        // The report carries the collected files, encoded, and a few fixed fields.
+        let report = read_all(
+            report_r,
+            collect::encoded_bound(inner.config.collect_max_bytes).saturating_add(64 * 1024),
+        );
+
+        let mut watched = self
+            .watch(
+                RunEvents {
+                    req,
+                    events,
+                    cgroup: cgroup_job,
+                    over: over_rx,
+                    report,
+                    capture: capture.as_mut(),
+                },
+                &limits,
+                job.output_mode.unwrap_or_default(),
+                cancel,
+            )
+            .await?;
+        kill_guard.armed = false;
+        let (stdout, stderr) = match watched.captured.take() {
+            Some(both) => both,
+            None => capture.await,
+        };
+        let accounting = watched.cgroup.and_then(|cg| {
+            cg.finish()
+                .map_err(|e| tracing::warn!("job cgroup left behind: {e}"))
+                .ok()
+        });
+        let observed = Observed {
+            report: watched.report,
+            exit: watched.exit,
+            kills: watched.kills,
+            stdout,
+            stderr,
+            cpu_at_report_us: watched.cpu_at_report_us,
+            accounting,
+        };
+        let terms = Terms {
+            requested_ns,
+            cpu_ms: limits.cpu_ms,
+            memory_mb: limits.memory_mb,
+            memory: payload.memory,
+            runtime: runtime_use,
+            output_mode: job.output_mode.unwrap_or_default(),
+        };
+        Ok(outcome::fold(observed, terms))
+    }
+}
+
+/// Kills the sandbox of a run whose future was dropped before it finished.
+struct KillGuard<'a> {
+    engine: &'a Engine,
+    req: u64,
+    armed: bool,
+}
+
+impl Drop for KillGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.engine.send(ToZygote::Kill { req: self.req });
+        }
+    }
+}
