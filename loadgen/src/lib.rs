@@ -5,7 +5,7 @@
 //! latency percentiles (HDR histograms, corrected for coordinated omission: [`stats`]), results
 //! by status, and lost and duplicated jobs ([`report`], [`plot`]). It can start the cluster it
 //! measures: worker nodes ([`cluster`]), optionally in network namespaces standing in for
-//! separate hosts ([`netns`]), and its own Redis (`forkbox_queue::RedisServer`), and it can
+//! separate hosts ([`netns`]), and its own Redis (`forkbox_private_redis::RedisServer`), and it can
 //! kill a worker or Redis part-way through to check that no job is lost.
 
 #![forbid(unsafe_code)]

@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use forkbox_queue::{FileData, Job, JobResult, QueueConfig, RedisServer, RedisServerOptions};
+use forkbox_private_redis::{RedisServer, RedisServerOptions};
+use forkbox_queue::{FileData, Job, JobResult, QueueConfig};
 
 use forkbox::node::config::redact;
 use forkbox::node::config::{self, NodeConfig};
@@ -106,7 +107,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         let options = RedisServerOptions {
             die_with_parent: true,
             port: args.port,
-            password: Some(forkbox_queue::random_password()),
+            password: Some(forkbox_private_redis::random_password()),
             ..RedisServerOptions::default()
         };
         let server = RedisServer::start_with(options).context(
