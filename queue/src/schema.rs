@@ -750,21 +750,15 @@ impl Job {
         Ok(())
     }
 
-    /// What the program's argv and the job's `env` take at exec: each string with its NUL and
-    /// one pointer (the engine's own `PATH`, `HOME`, `LANG` come on top).
+    /// What the program's argv and the job's `env` take at exec ([`exec_footprint`]; the
+    /// engine's own `PATH`, `HOME`, `LANG` come on top).
     pub fn exec_bytes(&self) -> usize {
-        let ptr = std::mem::size_of::<usize>();
-        let args: usize = match (&self.argv, &self.cmd) {
-            (Some(argv), _) => argv.iter().map(|a| a.len() + 1 + ptr).sum(),
-            (None, Some(cmd)) => "/bin/sh".len() + "-c".len() + cmd.len() + 3 * (1 + ptr),
-            (None, None) => 0,
+        let args: Vec<&str> = match (&self.argv, &self.cmd) {
+            (Some(argv), _) => argv.iter().map(String::as_str).collect(),
+            (None, Some(cmd)) => vec!["/bin/sh", "-c", cmd],
+            (None, None) => Vec::new(),
         };
-        let env: usize = self
-            .env
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 2 + ptr)
-            .sum();
-        args + env
+        exec_footprint(args, self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
     }
 
     /// The program and arguments to exec: `argv`, or `/bin/sh -c CMD`.
@@ -779,6 +773,32 @@ impl Job {
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
     }
+}
+
+/// What `args` and `env` take at exec, as the kernel counts them against its bound: each
+/// string with its NUL (`KEY=VALUE` for a variable) and one pointer.
+pub fn exec_footprint<'a>(
+    args: impl IntoIterator<Item = &'a str>,
+    env: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> usize {
+    let ptr = std::mem::size_of::<usize>();
+    let args: usize = args.into_iter().map(|a| a.len() + 1 + ptr).sum();
+    let env: usize = env
+        .into_iter()
+        .map(|(k, v)| k.len() + v.len() + 2 + ptr)
+        .sum();
+    args + env
+}
+
+/// The kernel's bound on argv and environment at exec for a process whose soft
+/// `RLIMIT_STACK` is `stack_soft` bytes: a quarter of it, at least 128 KiB (`ARG_MAX`), at most
+/// three quarters of 8 MiB (`_STK_LIM`). [`MAX_EXEC_ARGS_BYTES`] is what a job may take on any
+/// node; a node also checks this bound for its own stack limit.
+pub fn exec_args_limit(stack_soft: u64) -> usize {
+    const ARG_MAX: u64 = 128 * 1024;
+    const STK_LIM: u64 = 8 * 1024 * 1024;
+    let limit = (STK_LIM / 4 * 3).min(stack_soft / 4).max(ARG_MAX);
+    usize::try_from(limit).unwrap_or(usize::MAX)
 }
 
 /// One argument or environment string of `len` bytes must fit the kernel's `MAX_ARG_STRLEN`.
@@ -1500,5 +1520,30 @@ mod tests {
         }
         let e = "host".parse::<Network>().unwrap_err();
         assert!(e.contains("none, loopback"), "{e}");
+    }
+
+    #[test]
+    fn the_exec_bound_follows_the_stack_limit() {
+        const K: u64 = 1024;
+        for (stack, bound) in [
+            (8 * K * K, 2 * K * K),  // the usual 8 MiB: a quarter
+            (256 * K, 128 * K),      // a small stack: never under ARG_MAX
+            (64 * K * K, 6 * K * K), // a large stack: never over 3/4 of _STK_LIM
+            (u64::MAX, 6 * K * K),   // unlimited
+            (0, 128 * K),            // unknown (0): ARG_MAX
+        ] {
+            assert_eq!(exec_args_limit(stack), bound as usize, "stack {stack}");
+        }
+    }
+
+    #[test]
+    fn a_shell_command_counts_as_the_argv_it_runs() {
+        let ptr = std::mem::size_of::<usize>();
+        let shell = Job::shell("echo hi");
+        let argv = Job::argv(["/bin/sh", "-c", "echo hi"]);
+        assert_eq!(shell.exec_bytes(), argv.exec_bytes());
+        assert_eq!(argv.exec_bytes(), 8 + 3 + 8 + 3 * ptr);
+        let env = exec_footprint([], [("A", "bc")]);
+        assert_eq!(env, "A=bc".len() + 1 + ptr);
     }
 }
