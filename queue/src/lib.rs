@@ -48,6 +48,8 @@ mod reclaim;
 mod reply;
 mod results;
 pub mod schema;
+#[cfg(test)]
+mod script_headers;
 pub mod topology;
 
 pub use admin::{

@@ -1,0 +1,255 @@
+//! Each Lua script's header comment is its calling convention: the `KEYS[n]` and `ARGV[n]` it
+//! takes, in order (`ARGV[n..]` for a variable tail). Clients in other languages write their
+//! calls from these headers, so a script that reads a slot its header does not name, or a
+//! header that names a slot the script never reads, fails here.
+//!
+//! The check is textual: the header is the script's leading block of `--` lines; the body is
+//! the rest without comments and string literals. A body that reads `ARGV[i]` or `#ARGV` needs
+//! a variable tail in its header. A script that binds a `local KEYS` (its key names come as
+//! arguments) must declare no `KEYS`.
+
+use std::collections::BTreeSet;
+
+/// The slots one table (`KEYS` or `ARGV`) of a script names.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Slots {
+    /// `NAME[n]` with a literal `n`.
+    fixed: BTreeSet<u32>,
+    /// `NAME[n..]` in a header; `NAME[i]` or `#NAME` in a body.
+    tail: Option<u32>,
+}
+
+/// The header (leading `--` lines) and the body of a script.
+fn split(script: &str) -> (String, String) {
+    let mut header = String::new();
+    let mut body = String::new();
+    let mut in_header = true;
+    for line in script.lines() {
+        let trimmed = line.trim_start();
+        if in_header && trimmed.starts_with("--") {
+            header.push_str(trimmed.trim_start_matches('-'));
+            header.push('\n');
+            continue;
+        }
+        in_header = false;
+        body.push_str(&code(line));
+        body.push('\n');
+    }
+    (header, body)
+}
+
+/// A line of Lua without its `--` comment and the contents of its string literals.
+fn code(line: &str) -> String {
+    let mut out = String::new();
+    let mut quote = None;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match quote {
+            Some(q) => {
+                if c == '\\' {
+                    chars.next();
+                } else if c == q {
+                    quote = None;
+                    out.push(c);
+                }
+            }
+            None if c == '\'' || c == '"' => {
+                quote = Some(c);
+                out.push(c);
+            }
+            None if c == '-' && chars.peek() == Some(&'-') => break,
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+/// What `text` says of the table `name`. In a header, `name[a..b]` (a range named in prose) is
+/// not a declaration; `name[a..]` is a tail. In a body, any index that is not a literal is a
+/// tail use, and so is `#name`.
+fn slots(text: &str, name: &str, header: bool) -> Slots {
+    let mut found = Slots::default();
+    let open = format!("{name}[");
+    let mut rest = text;
+    while let Some(at) = rest.find(&open) {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + open.len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+            continue; // another identifier ending in `name`
+        }
+        let Some(close) = rest.find(']') else { break };
+        let index = rest[..close].trim();
+        if let Ok(n) = index.parse::<u32>() {
+            found.fixed.insert(n);
+        } else if let Some(from) = index.strip_suffix("..").and_then(|n| n.parse().ok()) {
+            found.tail = Some(from);
+        } else if !header || !index.contains("..") {
+            found.tail = Some(found.tail.unwrap_or(0));
+        }
+    }
+    if !header && text.contains(&format!("#{name}")) {
+        found.tail = Some(found.tail.unwrap_or(0));
+    }
+    found
+}
+
+/// The mismatches between a script's header and its uses of `KEYS` and `ARGV`; none when they
+/// agree.
+fn mismatches(script: &str) -> Vec<String> {
+    let (header, body) = split(script);
+    let mut out = Vec::new();
+    let keys_are_local = body.contains("local KEYS");
+    for name in ["KEYS", "ARGV"] {
+        let declared = slots(&header, name, true);
+        let used = if name == "KEYS" && keys_are_local {
+            if !declared.fixed.is_empty() || declared.tail.is_some() {
+                out.push("KEYS: declared, but the script binds a local KEYS".to_owned());
+            }
+            continue;
+        } else {
+            slots(&body, name, false)
+        };
+        let last = declared.fixed.iter().next_back().copied().unwrap_or(0);
+        let end = declared
+            .tail
+            .map_or(last, |t| t.saturating_sub(1).max(last));
+        for n in 1..=end {
+            if !declared.fixed.contains(&n) {
+                out.push(format!("{name}[{n}]: missing from the header"));
+            }
+        }
+        if let Some(tail) = declared.tail {
+            if tail != end + 1 {
+                out.push(format!("{name}[{tail}..]: does not follow {name}[{end}]"));
+            }
+        }
+        for n in &used.fixed {
+            let in_tail = declared.tail.is_some_and(|t| *n >= t);
+            if !declared.fixed.contains(n) && !in_tail {
+                out.push(format!("{name}[{n}]: used, but not in the header"));
+            }
+        }
+        for n in &declared.fixed {
+            if !used.fixed.contains(n) {
+                out.push(format!("{name}[{n}]: in the header, but never used"));
+            }
+        }
+        match (declared.tail, used.tail) {
+            (None, Some(_)) => out.push(format!(
+                "{name}: read by a computed index or #{name}, but the header has no {name}[n..]"
+            )),
+            (Some(t), None) if !used.fixed.iter().any(|n| *n >= t) => {
+                out.push(format!("{name}[{t}..]: in the header, but never read"))
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scripts() -> Vec<(String, String)> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("lua");
+        let mut out: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "lua"))
+            .map(|p| {
+                let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                (name, std::fs::read_to_string(&p).unwrap())
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[test]
+    fn every_script_uses_what_its_header_declares() {
+        let scripts = scripts();
+        assert!(scripts.len() >= 8, "{} scripts found", scripts.len());
+        let wrong: Vec<String> = scripts
+            .iter()
+            .flat_map(|(name, text)| {
+                mismatches(text)
+                    .into_iter()
+                    .map(move |m| format!("{name}: {m}"))
+            })
+            .collect();
+        assert!(wrong.is_empty(), "{wrong:#?}");
+    }
+
+    fn script(name: &str) -> String {
+        scripts()
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, text)| text)
+            .unwrap()
+    }
+
+    /// Broken copies of real scripts: each mismatch is named.
+    #[test]
+    fn a_broken_copy_is_caught() {
+        let complete = script("complete.lua");
+        // The body reads a key the header does not name.
+        let extra_key = complete.replace(
+            "redis.call('XDEL', KEYS[5], ARGV[6])",
+            "redis.call('XDEL', KEYS[9], ARGV[6])",
+        );
+        assert_ne!(extra_key, complete);
+        let found = mismatches(&extra_key);
+        assert!(
+            found.contains(&"KEYS[9]: used, but not in the header".to_owned()),
+            "{found:?}"
+        );
+        assert!(!found.iter().any(|m| m.starts_with("KEYS[5]")), "{found:?}");
+
+        // The header drops an argument the body reads.
+        let enqueue = script("enqueue.lua");
+        let dropped = enqueue.replace("ARGV[2] marker/batch TTL in seconds", "");
+        let found = mismatches(&dropped);
+        assert_eq!(
+            found,
+            [
+                "ARGV[2]: missing from the header",
+                "ARGV[2]: used, but not in the header"
+            ],
+        );
+
+        // The header names a key the body never reads.
+        let remove = script("remove_consumer.lua");
+        let unused = remove.replace(
+            "KEYS[2] the consumer's heartbeat key",
+            "KEYS[2] heartbeat KEYS[3] spare",
+        );
+        assert_eq!(
+            mismatches(&unused),
+            ["KEYS[3]: in the header, but never used"]
+        );
+
+        // A computed index without a variable tail in the header.
+        let refresh = script("refresh_claims.lua");
+        let no_tail = refresh.replace("ARGV[3..] entry ids", "");
+        assert_eq!(
+            mismatches(&no_tail),
+            ["ARGV: read by a computed index or #ARGV, but the header has no ARGV[n..]"]
+        );
+
+        // A script with its own local KEYS declares none.
+        let rights = script("rights.lua");
+        let declared = format!("-- KEYS[1] jobs stream\n{rights}");
+        assert_eq!(
+            mismatches(&declared),
+            ["KEYS: declared, but the script binds a local KEYS"]
+        );
+    }
+
+    #[test]
+    fn comments_and_strings_are_not_uses() {
+        let text = "-- KEYS[1] a\n-- ARGV[1] b\nredis.call('GET', KEYS[1], ARGV[1]) -- ARGV[2]\n\
+                    return 'ARGV[3]'";
+        assert!(mismatches(text).is_empty(), "{:?}", mismatches(text));
+    }
+}
