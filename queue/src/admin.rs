@@ -1,5 +1,6 @@
 //! Operating a queue: heartbeats, stats, consumer clean-up, dead letters, batch counters.
 
+use crate::script_headers::CheckedCall;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -262,6 +263,7 @@ impl Queue {
                 .key(self.keys.worker(&name))
                 .arg(GROUP)
                 .arg(&name)
+                .checked()
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(|source| QueueError::RemoveConsumers {

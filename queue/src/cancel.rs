@@ -15,6 +15,7 @@
 //! slot moves or its primary dies, the node drops the subscription or the connection, and the
 //! watcher subscribes again where the slot now is and resyncs from the sorted set.
 
+use crate::script_headers::CheckedCall;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -93,6 +94,7 @@ impl Queue {
             .arg(id)
             .arg(GROUP)
             .arg(self.keys.result(id))
+            .checked()
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| self.cancel_err(e))?;

@@ -48,7 +48,6 @@ mod reclaim;
 mod reply;
 mod results;
 pub mod schema;
-#[cfg(test)]
 mod script_headers;
 pub mod topology;
 

@@ -90,15 +90,39 @@ pub(crate) struct Scripts {
     pub rights: Script,
 }
 
+/// Every script's name and source: what [`SCRIPTS`] loads, and whose headers
+/// `script_headers` holds the calls to.
+pub(crate) const SOURCES: [(&str, &str); 8] = [
+    ("enqueue", include_str!("../lua/enqueue.lua")),
+    ("complete", include_str!("../lua/complete.lua")),
+    ("refresh_claims", include_str!("../lua/refresh_claims.lua")),
+    ("hand_back", include_str!("../lua/hand_back.lua")),
+    (
+        "remove_consumer",
+        include_str!("../lua/remove_consumer.lua"),
+    ),
+    ("dlq_requeue", include_str!("../lua/dlq_requeue.lua")),
+    ("job_state", include_str!("../lua/job_state.lua")),
+    ("rights", include_str!("../lua/rights.lua")),
+];
+
+fn source(name: &str) -> &'static str {
+    SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| *s)
+        .expect("every script is in SOURCES")
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    enqueue: Script::new(include_str!("../lua/enqueue.lua")),
-    complete: Script::new(include_str!("../lua/complete.lua")),
-    refresh_claims: Script::new(include_str!("../lua/refresh_claims.lua")),
-    hand_back: Script::new(include_str!("../lua/hand_back.lua")),
-    remove_consumer: Script::new(include_str!("../lua/remove_consumer.lua")),
-    dlq_requeue: Script::new(include_str!("../lua/dlq_requeue.lua")),
-    job_state: Script::new(include_str!("../lua/job_state.lua")),
-    rights: Script::new(include_str!("../lua/rights.lua")),
+    enqueue: Script::new(source("enqueue")),
+    complete: Script::new(source("complete")),
+    refresh_claims: Script::new(source("refresh_claims")),
+    hand_back: Script::new(source("hand_back")),
+    remove_consumer: Script::new(source("remove_consumer")),
+    dlq_requeue: Script::new(source("dlq_requeue")),
+    job_state: Script::new(source("job_state")),
+    rights: Script::new(source("rights")),
 });
 
 /// Where a broker's Redis is.
@@ -670,6 +694,10 @@ impl Broker {
         pipe: &Pipeline,
         scripts: &[&Script],
     ) -> RedisResult<T> {
+        #[cfg(debug_assertions)]
+        if let Err(e) = crate::script_headers::check_calls(pipe) {
+            panic!("{e}");
+        }
         let mut conn = self.connection();
         // A pipeline sent to a Redis that lacks a script fails in every call and is sent
         // again: for a large one (a batch enqueue), load the scripts first, once per broker.

@@ -7,6 +7,7 @@
 //! as a delivery; once a job has been handed out `max_attempts` times without a result it goes
 //! to the dead-letter stream instead of being run again.
 
+use crate::script_headers::CheckedCall;
 use std::collections::{HashMap, HashSet};
 
 use redis::Value;
@@ -272,7 +273,9 @@ impl Queue {
         for (entry_id, deliveries) in entries {
             inv.arg(*entry_id).arg(deliveries.saturating_sub(1));
         }
-        inv.invoke_async(&mut self.conn())
+        inv.checked()
+            .checked()
+            .invoke_async(&mut self.conn())
             .await
             .map_err(|source| QueueError::HandBack {
                 queue: self.name().to_owned(),
@@ -299,6 +302,7 @@ impl Queue {
             .arg(GROUP)
             .arg(consumer)
             .arg(entry_ids)
+            .checked()
             .invoke_async(&mut self.conn())
             .await
             .map_err(|source| QueueError::RefreshClaims {

@@ -7,8 +7,16 @@
 //! the rest without comments and string literals. A body that reads `ARGV[i]` or `#ARGV` needs
 //! a variable tail in its header. A script that binds a `local KEYS` (its key names come as
 //! arguments) must declare no `KEYS`.
+//!
+//! The Rust side is held to the same headers where it calls: in debug builds (every test run)
+//! each call a pipeline or a [`ScriptInvocation`] sends is checked against its script's header
+//! ([`check_calls`], [`CheckedCall`]), and a call with the wrong number of keys or arguments
+//! panics, naming the script.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::LazyLock;
+
+use redis::{Arg, Pipeline, ScriptInvocation};
 
 /// The slots one table (`KEYS` or `ARGV`) of a script names.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -17,6 +25,8 @@ struct Slots {
     fixed: BTreeSet<u32>,
     /// `NAME[n..]` in a header; `NAME[i]` or `#NAME` in a body.
     tail: Option<u32>,
+    /// `NAME[a..b]` named in a header: a group a call may leave out.
+    groups: Vec<u32>,
 }
 
 /// The header (leading `--` lines) and the body of a script.
@@ -83,6 +93,12 @@ fn slots(text: &str, name: &str, header: bool) -> Slots {
             found.fixed.insert(n);
         } else if let Some(from) = index.strip_suffix("..").and_then(|n| n.parse().ok()) {
             found.tail = Some(from);
+        } else if let Some(from) = header
+            .then(|| index.split_once(".."))
+            .flatten()
+            .and_then(|(a, _)| a.parse().ok())
+        {
+            found.groups.push(from);
         } else if !header || !index.contains("..") {
             found.tail = Some(found.tail.unwrap_or(0));
         }
@@ -93,6 +109,132 @@ fn slots(text: &str, name: &str, header: bool) -> Slots {
     found
 }
 
+/// How many keys and arguments a script's header lets a call pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Convention {
+    keys: Counts,
+    argv: Counts,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Counts {
+    /// The numbered slots, `1..=all`.
+    all: u32,
+    /// A call may stop before each of these (an optional group's first slot).
+    optional_from: Vec<u32>,
+    /// A call may pass any number from `n - 1` up (`NAME[n..]`).
+    tail: Option<u32>,
+}
+
+impl Counts {
+    fn of(slots: &Slots) -> Counts {
+        Counts {
+            all: slots.fixed.iter().next_back().copied().unwrap_or(0),
+            optional_from: slots.groups.clone(),
+            tail: slots.tail,
+        }
+    }
+
+    fn accepts(&self, n: u32) -> bool {
+        n == self.all
+            || self.optional_from.iter().any(|a| n + 1 == *a)
+            || self.tail.is_some_and(|t| n + 1 >= t)
+    }
+}
+
+impl Convention {
+    /// The convention a script's header declares.
+    pub(crate) fn of(script: &str) -> Convention {
+        let (header, _) = split(script);
+        Convention {
+            keys: Counts::of(&slots(&header, "KEYS", true)),
+            argv: Counts::of(&slots(&header, "ARGV", true)),
+        }
+    }
+
+    /// Whether a call passing `keys` keys and `args` arguments fits; else what is wrong.
+    fn check(&self, name: &str, keys: u32, args: u32) -> Result<(), String> {
+        if !self.keys.accepts(keys) {
+            return Err(format!(
+                "a call of {name} passes {keys} keys; its header declares {:?}",
+                self.keys
+            ));
+        }
+        if !self.argv.accepts(args) {
+            return Err(format!(
+                "a call of {name} passes {args} arguments; its header declares {:?}",
+                self.argv
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Each script's convention, by the SHA1 its calls name.
+static CONVENTIONS: LazyLock<HashMap<String, (&'static str, Convention)>> = LazyLock::new(|| {
+    crate::queue::SOURCES
+        .iter()
+        .map(|(name, source)| {
+            let sha = redis::Script::new(source).get_hash().to_owned();
+            (sha, (*name, Convention::of(source)))
+        })
+        .collect()
+});
+
+/// Checks every `EVALSHA` of `pipe` that calls one of this crate's scripts against its header.
+pub(crate) fn check_calls(pipe: &Pipeline) -> Result<(), String> {
+    for cmd in pipe.cmd_iter() {
+        let args: Vec<&[u8]> = cmd
+            .args_iter()
+            .filter_map(|a| match a {
+                Arg::Simple(b) => Some(b),
+                Arg::Cursor => None,
+            })
+            .collect();
+        let [verb, sha, numkeys, rest @ ..] = args.as_slice() else {
+            continue;
+        };
+        if !verb.eq_ignore_ascii_case(b"EVALSHA") {
+            continue;
+        }
+        let Some((name, convention)) = std::str::from_utf8(sha)
+            .ok()
+            .and_then(|sha| CONVENTIONS.get(sha))
+        else {
+            continue;
+        };
+        let keys = std::str::from_utf8(numkeys)
+            .ok()
+            .and_then(|n| n.parse::<u32>().ok())
+            .ok_or_else(|| format!("a call of {name} gives no key count"))?;
+        let args = u32::try_from(rest.len())
+            .ok()
+            .and_then(|n| n.checked_sub(keys))
+            .ok_or_else(|| format!("a call of {name} passes fewer values than its {keys} keys"))?;
+        convention.check(name, keys, args)?;
+    }
+    Ok(())
+}
+
+/// A script call checked against its script's header in debug builds, before it is sent.
+pub(crate) trait CheckedCall {
+    fn checked(&mut self) -> &mut Self;
+}
+
+impl CheckedCall for ScriptInvocation<'_> {
+    fn checked(&mut self) -> &mut Self {
+        if cfg!(debug_assertions) {
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(self);
+            if let Err(e) = check_calls(&pipe) {
+                panic!("{e}");
+            }
+        }
+        self
+    }
+}
+
+#[cfg(test)]
 /// The mismatches between a script's header and its uses of `KEYS` and `ARGV`; none when they
 /// agree.
 fn mismatches(script: &str) -> Vec<String> {
@@ -244,6 +386,79 @@ mod tests {
             mismatches(&declared),
             ["KEYS: declared, but the script binds a local KEYS"]
         );
+    }
+
+    #[test]
+    fn every_script_file_is_loaded() {
+        let loaded: Vec<String> = crate::queue::SOURCES
+            .iter()
+            .map(|(name, _)| format!("{name}.lua"))
+            .collect();
+        for (file, text) in scripts() {
+            let name = file.trim_end_matches(".lua");
+            assert!(loaded.contains(&file), "{file} is not in queue::SOURCES");
+            let source = crate::queue::SOURCES.iter().find(|(n, _)| *n == name);
+            assert_eq!(source.map(|(_, s)| *s), Some(text.as_str()), "{file}");
+        }
+    }
+
+    /// Calls as the queue sends them: the right shapes pass, a key or argument too many or
+    /// too few is named.
+    #[test]
+    fn calls_are_held_to_the_headers() {
+        let s = &crate::queue::SCRIPTS;
+        let call = |inv: &ScriptInvocation| {
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(inv);
+            check_calls(&pipe)
+        };
+        // remove_consumer: 2 keys, 2 arguments.
+        let mut ok = s.remove_consumer.key("jobs");
+        ok.key("hb").arg("g").arg("c");
+        assert_eq!(call(&ok), Ok(()));
+        ok.arg("extra");
+        let e = call(&ok).unwrap_err();
+        assert!(
+            e.starts_with("a call of remove_consumer passes 3 arguments"),
+            "{e}"
+        );
+        let mut short = s.remove_consumer.key("jobs");
+        short.arg("g").arg("c");
+        let e = call(&short).unwrap_err();
+        assert!(
+            e.starts_with("a call of remove_consumer passes 1 keys"),
+            "{e}"
+        );
+        // enqueue: its cancel group (KEYS[4..5], ARGV[4..7]) may be left out, not cut short.
+        let mut bare = s.enqueue.key("jobs");
+        bare.key("idem").key("batch").arg("{}").arg(60).arg("0");
+        assert_eq!(call(&bare), Ok(()));
+        bare.key("ahead").key("cancelled");
+        bare.arg("id").arg(1).arg("PUBLISH").arg("ch");
+        assert_eq!(call(&bare), Ok(()));
+        let mut cut = s.enqueue.key("jobs");
+        cut.key("idem").key("batch").key("ahead");
+        cut.arg("{}").arg(60).arg("0");
+        assert!(call(&cut).unwrap_err().contains("passes 4 keys"));
+        // refresh_claims: any number of entry ids after its two arguments.
+        let mut many = s.refresh_claims.key("jobs");
+        many.arg("g").arg("c");
+        assert_eq!(call(&many), Ok(()));
+        many.arg("1-0").arg("2-0");
+        assert_eq!(call(&many), Ok(()));
+        // Commands that call no script of ours are not checked.
+        let mut other = redis::pipe();
+        other.cmd("EVALSHA").arg("0000").arg(9);
+        other.cmd("GET").arg("k");
+        assert_eq!(check_calls(&other), Ok(()));
+    }
+
+    #[test]
+    #[should_panic(expected = "a call of job_state passes 2 keys")]
+    fn a_checked_call_of_the_wrong_shape_panics_in_debug_builds() {
+        let mut inv = crate::queue::SCRIPTS.job_state.key("done");
+        inv.key("idem").arg("id").arg("g").arg("result");
+        inv.checked();
     }
 
     #[test]
