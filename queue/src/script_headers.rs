@@ -135,6 +135,20 @@ impl Counts {
         }
     }
 
+    /// The counts a call may pass, in words: `11 or more`, `5 or 3`.
+    fn allowed(&self) -> String {
+        if let Some(t) = self.tail {
+            return format!("{} or more", t.saturating_sub(1));
+        }
+        let mut counts = vec![self.all.to_string()];
+        counts.extend(
+            self.optional_from
+                .iter()
+                .map(|a| a.saturating_sub(1).to_string()),
+        );
+        counts.join(" or ")
+    }
+
     fn accepts(&self, n: u32) -> bool {
         n == self.all
             || self.optional_from.iter().any(|a| n + 1 == *a)
@@ -156,14 +170,14 @@ impl Convention {
     fn check(&self, name: &str, keys: u32, args: u32) -> Result<(), String> {
         if !self.keys.accepts(keys) {
             return Err(format!(
-                "a call of {name} passes {keys} keys; its header declares {:?}",
-                self.keys
+                "a call of {name} passes {keys} keys; its header takes {}",
+                self.keys.allowed()
             ));
         }
         if !self.argv.accepts(args) {
             return Err(format!(
-                "a call of {name} passes {args} arguments; its header declares {:?}",
-                self.argv
+                "a call of {name} passes {args} arguments; its header takes {}",
+                self.argv.allowed()
             ));
         }
         Ok(())
@@ -439,8 +453,19 @@ mod tests {
         let mut cut = s.enqueue.key("jobs");
         cut.key("idem").key("batch").key("ahead");
         cut.arg("{}").arg(60).arg("0");
-        assert!(call(&cut).unwrap_err().contains("passes 4 keys"));
+        let e = call(&cut).unwrap_err();
+        assert_eq!(
+            e,
+            "a call of enqueue passes 4 keys; its header takes 5 or 3"
+        );
         // refresh_claims: any number of entry ids after its two arguments.
+        let mut none = s.refresh_claims.key("jobs");
+        none.arg("g");
+        let e = call(&none).unwrap_err();
+        assert_eq!(
+            e,
+            "a call of refresh_claims passes 1 arguments; its header takes 2 or more"
+        );
         let mut many = s.refresh_claims.key("jobs");
         many.arg("g").arg("c");
         assert_eq!(call(&many), Ok(()));
