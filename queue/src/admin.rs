@@ -1,6 +1,6 @@
 //! Operating a queue: heartbeats, stats, consumer clean-up, dead letters, batch counters.
 
-use crate::script_headers::CheckedCall;
+use crate::scripts::CheckedCall;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -8,8 +8,9 @@ use redis::Value;
 
 use crate::error::QueueError;
 use crate::keys::GROUP;
-use crate::queue::{now_ms, Queue, SCRIPTS};
+use crate::queue::{now_ms, Queue};
 use crate::reply;
+use crate::scripts::SCRIPTS;
 
 /// A snapshot of a queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -48,7 +48,7 @@ mod reclaim;
 mod reply;
 mod results;
 pub mod schema;
-mod script_headers;
+mod scripts;
 pub mod topology;
 
 pub use admin::{

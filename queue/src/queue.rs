@@ -16,7 +16,7 @@
 //! handle on one named queue of a broker. The operations live in the sibling modules, one per
 //! concern, as `impl Queue` blocks.
 
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -78,52 +78,6 @@ impl Default for QueueConfig {
         }
     }
 }
-
-pub(crate) struct Scripts {
-    pub enqueue: Script,
-    pub complete: Script,
-    pub refresh_claims: Script,
-    pub hand_back: Script,
-    pub remove_consumer: Script,
-    pub dlq_requeue: Script,
-    pub job_state: Script,
-    pub rights: Script,
-}
-
-/// Every script's name and source: what [`SCRIPTS`] loads, and whose headers
-/// `script_headers` holds the calls to.
-pub(crate) const SOURCES: [(&str, &str); 8] = [
-    ("enqueue", include_str!("../lua/enqueue.lua")),
-    ("complete", include_str!("../lua/complete.lua")),
-    ("refresh_claims", include_str!("../lua/refresh_claims.lua")),
-    ("hand_back", include_str!("../lua/hand_back.lua")),
-    (
-        "remove_consumer",
-        include_str!("../lua/remove_consumer.lua"),
-    ),
-    ("dlq_requeue", include_str!("../lua/dlq_requeue.lua")),
-    ("job_state", include_str!("../lua/job_state.lua")),
-    ("rights", include_str!("../lua/rights.lua")),
-];
-
-fn source(name: &str) -> &'static str {
-    SOURCES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, s)| *s)
-        .expect("every script is in SOURCES")
-}
-
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    enqueue: Script::new(source("enqueue")),
-    complete: Script::new(source("complete")),
-    refresh_claims: Script::new(source("refresh_claims")),
-    hand_back: Script::new(source("hand_back")),
-    remove_consumer: Script::new(source("remove_consumer")),
-    dlq_requeue: Script::new(source("dlq_requeue")),
-    job_state: Script::new(source("job_state")),
-    rights: Script::new(source("rights")),
-});
 
 /// Where a broker's Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -695,7 +649,7 @@ impl Broker {
         scripts: &[&Script],
     ) -> RedisResult<T> {
         #[cfg(debug_assertions)]
-        if let Err(e) = crate::script_headers::check_calls(pipe) {
+        if let Err(e) = crate::scripts::check_calls(pipe) {
             panic!("{e}");
         }
         let mut conn = self.connection();

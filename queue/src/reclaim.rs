@@ -7,16 +7,17 @@
 //! as a delivery; once a job has been handed out `max_attempts` times without a result it goes
 //! to the dead-letter stream instead of being run again.
 
-use crate::script_headers::CheckedCall;
+use crate::scripts::CheckedCall;
 use std::collections::{HashMap, HashSet};
 
 use redis::Value;
 
 use crate::error::QueueError;
 use crate::keys::GROUP;
-use crate::queue::{Queue, SCRIPTS};
+use crate::queue::Queue;
 use crate::reply;
 use crate::schema::Status;
+use crate::scripts::SCRIPTS;
 use crate::Delivery;
 
 /// Entries asked for per XAUTOCLAIM call; the cursor loop continues past it.

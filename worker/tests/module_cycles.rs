@@ -267,7 +267,7 @@ const KNOWN: &[(&str, &[&str])] = &[];
 fn no_crate_has_an_import_cycle() {
     for krate in ["worker", "queue", "loadgen", "private-redis", "testkit"] {
         let graph = graph_of(&workspace().join(krate).join("src"));
-        assert!(graph.len() > 3, "{krate}: read {} modules", graph.len());
+        assert!(graph.len() >= 3, "{krate}: read {} modules", graph.len());
         for group in tangles(&graph) {
             let known = KNOWN.iter().any(|(k, members)| {
                 *k == krate && group.iter().all(|m| members.contains(&m.as_str()))

@@ -1,3 +1,6 @@
+//! The Lua scripts the queue operations run ([`SCRIPTS`], loaded from `lua/`), and the
+//! conventions their headers declare.
+//!
 //! Each Lua script's header comment is its calling convention: the `KEYS[n]` and `ARGV[n]` it
 //! takes, in order (`ARGV[n..]` for a variable tail). Clients in other languages write their
 //! calls from these headers, so a script that reads a slot its header does not name, or a
@@ -16,7 +19,53 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::LazyLock;
 
-use redis::{Arg, Pipeline, ScriptInvocation};
+use redis::{Arg, Pipeline, Script, ScriptInvocation};
+
+pub(crate) struct Scripts {
+    pub enqueue: Script,
+    pub complete: Script,
+    pub refresh_claims: Script,
+    pub hand_back: Script,
+    pub remove_consumer: Script,
+    pub dlq_requeue: Script,
+    pub job_state: Script,
+    pub rights: Script,
+}
+
+/// Every script's name and source: what [`SCRIPTS`] loads, and whose headers the calls are
+/// held to.
+pub(crate) const SOURCES: [(&str, &str); 8] = [
+    ("enqueue", include_str!("../lua/enqueue.lua")),
+    ("complete", include_str!("../lua/complete.lua")),
+    ("refresh_claims", include_str!("../lua/refresh_claims.lua")),
+    ("hand_back", include_str!("../lua/hand_back.lua")),
+    (
+        "remove_consumer",
+        include_str!("../lua/remove_consumer.lua"),
+    ),
+    ("dlq_requeue", include_str!("../lua/dlq_requeue.lua")),
+    ("job_state", include_str!("../lua/job_state.lua")),
+    ("rights", include_str!("../lua/rights.lua")),
+];
+
+fn source(name: &str) -> &'static str {
+    SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, s)| *s)
+        .expect("every script is in SOURCES")
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    enqueue: Script::new(source("enqueue")),
+    complete: Script::new(source("complete")),
+    refresh_claims: Script::new(source("refresh_claims")),
+    hand_back: Script::new(source("hand_back")),
+    remove_consumer: Script::new(source("remove_consumer")),
+    dlq_requeue: Script::new(source("dlq_requeue")),
+    job_state: Script::new(source("job_state")),
+    rights: Script::new(source("rights")),
+});
 
 /// The slots one table (`KEYS` or `ARGV`) of a script names.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -186,10 +235,10 @@ impl Convention {
 
 /// Each script's convention, by the SHA1 its calls name.
 static CONVENTIONS: LazyLock<HashMap<String, (&'static str, Convention)>> = LazyLock::new(|| {
-    crate::queue::SOURCES
+    SOURCES
         .iter()
         .map(|(name, source)| {
-            let sha = redis::Script::new(source).get_hash().to_owned();
+            let sha = Script::new(source).get_hash().to_owned();
             (sha, (*name, Convention::of(source)))
         })
         .collect()
@@ -404,14 +453,14 @@ mod tests {
 
     #[test]
     fn every_script_file_is_loaded() {
-        let loaded: Vec<String> = crate::queue::SOURCES
+        let loaded: Vec<String> = SOURCES
             .iter()
             .map(|(name, _)| format!("{name}.lua"))
             .collect();
         for (file, text) in scripts() {
             let name = file.trim_end_matches(".lua");
             assert!(loaded.contains(&file), "{file} is not in queue::SOURCES");
-            let source = crate::queue::SOURCES.iter().find(|(n, _)| *n == name);
+            let source = SOURCES.iter().find(|(n, _)| *n == name);
             assert_eq!(source.map(|(_, s)| *s), Some(text.as_str()), "{file}");
         }
     }
@@ -420,7 +469,7 @@ mod tests {
     /// too few is named.
     #[test]
     fn calls_are_held_to_the_headers() {
-        let s = &crate::queue::SCRIPTS;
+        let s = &SCRIPTS;
         let call = |inv: &ScriptInvocation| {
             let mut pipe = redis::pipe();
             pipe.invoke_script(inv);
@@ -481,7 +530,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "a call of job_state passes 2 keys")]
     fn a_checked_call_of_the_wrong_shape_panics_in_debug_builds() {
-        let mut inv = crate::queue::SCRIPTS.job_state.key("done");
+        let mut inv = SCRIPTS.job_state.key("done");
         inv.key("idem").arg("id").arg("g").arg("result");
         inv.checked();
     }
