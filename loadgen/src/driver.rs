@@ -300,6 +300,56 @@ impl std::fmt::Debug for Driver {
     }
 }
 
+/// What one phase's loop keeps between wake-ups.
+struct PhaseState {
+    rec: Recorder,
+    start: Instant,
+    /// Still sending: not at the job count or duration, not interrupted, results coming.
+    sending: bool,
+    interrupted: bool,
+    /// A backlog's workers released (or its drain begun).
+    released: bool,
+    workers_released_after: Option<u64>,
+    /// When a result last arrived or sending ended: what the drain timeout counts from.
+    last_activity: Instant,
+    /// When every job was first answered: duplicates still get a grace period.
+    all_done_at: Option<Instant>,
+    last_check: Instant,
+    /// Faults still to fire, by the fraction of the phase they fire at.
+    faults: Vec<(f64, Fault)>,
+    fired: Vec<FaultEvent>,
+}
+
+impl PhaseState {
+    fn new(t0: Instant, spec: &PhaseSpec, source: &JobSource, interrupted: bool) -> PhaseState {
+        let mut rec = Recorder::new(t0, source.labels().len());
+        rec.drain_window = spec.load == Load::Backlog;
+        let mut faults: Vec<(f64, Fault)> = spec.faults.clone();
+        faults.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let now = Instant::now();
+        PhaseState {
+            rec,
+            start: now,
+            sending: !interrupted,
+            interrupted,
+            released: false,
+            workers_released_after: None,
+            last_activity: now,
+            all_done_at: None,
+            last_check: now,
+            faults,
+            fired: Vec::new(),
+        }
+    }
+}
+
+/// Whether a phase whose sending has ended is over.
+#[derive(Debug, PartialEq, Eq)]
+enum Drain {
+    Waiting,
+    Over,
+}
+
 struct Progress<'a> {
     bar: &'a ProgressBar,
     last: Instant,
@@ -573,6 +623,10 @@ impl Driver {
         Ok(outcome)
     }
 
+    /// The phase's loop: each wake-up decides whether sending goes on, sends what is due (or,
+    /// once sending has ended, waits for the drain), fires the faults that are due, checks the
+    /// cluster, then sleeps until results arrive, a send is due, the progress ticks or the run
+    /// is interrupted.
     async fn phase_loop(
         &self,
         spec: &PhaseSpec,
@@ -581,26 +635,14 @@ impl Driver {
         conn: &mut Conn,
         rx: &mut mpsc::UnboundedReceiver<Arrivals>,
     ) -> anyhow::Result<PhaseOutcome> {
-        let mut rec = Recorder::new(self.t0, source.labels().len());
-        rec.drain_window = spec.load == Load::Backlog;
-        let mut released = false;
-        let mut workers_released_after = None;
-        let start = Instant::now();
-        let started_s = start.duration_since(self.t0).as_secs_f64();
-        let id_prefix = format!("{}-{}-", self.run, spec.tag);
-        let mut faults: Vec<(f64, Fault)> = spec.faults.clone();
-        faults.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let mut fired = Vec::new();
         let mut cancel = self.cancel.clone();
-        let mut interrupted = *cancel.borrow();
-        let mut sending = !interrupted;
-        let mut last_activity = Instant::now();
-        let mut all_done_at: Option<Instant> = None;
+        let mut st = PhaseState::new(self.t0, spec, source, *cancel.borrow());
+        let started_s = st.start.duration_since(self.t0).as_secs_f64();
+        let id_prefix = format!("{}-{}-", self.run, spec.tag);
         let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut last_check = Instant::now();
         let mut progress = Progress {
             bar: &self.progress,
-            last: start,
+            last: st.start,
             last_done: 0,
             rate: 0.0,
         };
@@ -611,147 +653,20 @@ impl Driver {
         self.progress.set_position(0);
         loop {
             let now = Instant::now();
-            // Stop sending at the job count or duration.
-            if sending {
-                let more = match (spec.stop, spec.load) {
-                    (Stop::Jobs(n), _) => (rec.records.len() as u64) < n,
-                    // The schedule decides: a job due before the end is sent even when this
-                    // loop wakes up late.
-                    (Stop::After(d), Load::Open { rate }) => {
-                        open_interval(rate).mul_f64(rec.records.len() as f64) < d
-                    }
-                    (Stop::After(d), _) => now < start + d,
-                };
-                if !more {
-                    sending = false;
-                    last_activity = now;
-                } else if spec.load != Load::Backlog
-                    && rec.outstanding() > 0
-                    && now.duration_since(last_activity) >= spec.drain_timeout
-                {
-                    // Jobs in flight and not one result for a whole drain timeout: the workers
-                    // are gone or stuck. A closed loop would wait for them forever.
-                    sending = false;
-                    self.note(format!(
-                        "no result for {:.0?} with {} job(s) in flight: ending the phase early; \
-                         the unanswered jobs count as lost",
-                        spec.drain_timeout,
-                        rec.outstanding()
-                    ));
-                }
+            if st.sending {
+                self.decide_sending(spec, &mut st, now);
             }
-            // What to send now, and when to wake for the next scheduled send.
             let mut wake = None;
-            if sending {
-                let mut batch: Vec<(usize, String, String)> = Vec::new();
-                let limit = match spec.stop {
-                    Stop::Jobs(n) => n as usize,
-                    Stop::After(_) => usize::MAX,
-                };
-                match spec.load {
-                    Load::Closed { concurrency } => {
-                        let want = concurrency.saturating_sub(rec.outstanding());
-                        for _ in 0..want.min(SEND_BATCH) {
-                            if rec.records.len() >= limit {
-                                break;
-                            }
-                            batch.push(self.plan(spec, source, &mut rec, now));
-                        }
-                    }
-                    Load::Open { rate } => {
-                        let interval = open_interval(rate);
-                        while batch.len() < SEND_BATCH && rec.records.len() < limit {
-                            let due = start + interval.mul_f64(rec.records.len() as f64);
-                            if due > now || matches!(spec.stop, Stop::After(d) if due >= start + d)
-                            {
-                                wake = Some(due);
-                                break;
-                            }
-                            batch.push(self.plan(spec, source, &mut rec, due));
-                        }
-                        if batch.len() == SEND_BATCH {
-                            wake = Some(now);
-                        }
-                    }
-                    Load::Backlog => {
-                        while batch.len() < SEND_BATCH && rec.records.len() < limit {
-                            batch.push(self.plan(spec, source, &mut rec, now));
-                        }
-                        wake = Some(now);
-                    }
-                }
-                if !batch.is_empty() {
-                    let sent_at = Instant::now();
-                    for (seq, ..) in &batch {
-                        rec.sent(*seq, sent_at);
-                    }
-                    let jobs: Vec<(String, String)> =
-                        batch.into_iter().map(|(_, id, json)| (id, json)).collect();
-                    let deadline = Instant::now() + spec.drain_timeout;
-                    self.send(conn, &jobs, deadline).await?;
-                }
-            } else {
-                if spec.load == Load::Backlog && interrupted {
-                    // A backlog can hold far more jobs than a loop keeps in flight: an
-                    // interrupted one ends now, and the jobs still queued count as lost.
-                    self.note(format!(
-                        "interrupted with {} job(s) of the backlog unanswered; they count as lost",
-                        rec.outstanding()
-                    ));
-                    break;
-                }
-                if !released && spec.load == Load::Backlog {
-                    released = true;
-                    let started = match cluster.as_deref_mut() {
-                        Some(c) => tokio::task::block_in_place(|| c.release())?,
-                        None => false,
-                    };
-                    if started {
-                        workers_released_after = Some(rec.sent_count() as u64);
-                    }
-                    self.note(format!(
-                        "{} jobs enqueued; {}",
-                        rec.sent_count(),
-                        if started {
-                            "workers started"
-                        } else {
-                            "draining"
-                        }
-                    ));
-                    last_activity = Instant::now();
-                }
-                if rec.outstanding() == 0 {
-                    let at = *all_done_at.get_or_insert(now);
-                    if now.duration_since(at) >= DUPLICATE_GRACE {
-                        break;
-                    }
-                } else if now.duration_since(last_activity) >= spec.drain_timeout {
-                    break;
-                }
+            if st.sending {
+                let batch;
+                (batch, wake) = self.due_batch(spec, source, &mut st, now);
+                self.send_batch(spec, conn, &mut st.rec, batch).await?;
+            } else if self.drain_step(spec, cluster, &mut st, now)? == Drain::Over {
+                break;
             }
-            // Faults fire at a fraction of the phase: of the jobs completed, or of the time.
-            let fraction = match spec.stop {
-                Stop::Jobs(n) => rec.completed() as f64 / n.max(1) as f64,
-                Stop::After(d) => now.duration_since(start).as_secs_f64() / d.as_secs_f64(),
-            };
-            while let Some(&(at, fault)) = faults.first() {
-                if fraction < at {
-                    break;
-                }
-                faults.remove(0);
-                let Some(c) = cluster.as_deref_mut() else {
-                    anyhow::bail!("fault {fault:?} needs a cluster started by the load generator");
-                };
-                let detail = tokio::task::block_in_place(|| c.inject(fault))?;
-                self.note(format!("fault: {fault:?}: {detail}"));
-                fired.push(FaultEvent {
-                    fault,
-                    at_s: Instant::now().duration_since(self.t0).as_secs_f64(),
-                    detail,
-                });
-            }
-            if now.duration_since(last_check) >= Duration::from_secs(1) {
-                last_check = now;
+            self.fire_due_faults(spec, cluster, &mut st, now)?;
+            if now.duration_since(st.last_check) >= Duration::from_secs(1) {
+                st.last_check = now;
                 if let Some(c) = cluster.as_deref_mut() {
                     c.check()?;
                 }
@@ -760,36 +675,220 @@ impl Driver {
             tokio::select! {
                 batch = rx.recv() => {
                     let Some(batch) = batch else { anyhow::bail!("the results reader stopped") };
-                    last_activity = Instant::now();
+                    st.last_activity = Instant::now();
                     for (at, json) in batch {
-                        self.on_result(&mut rec, &id_prefix, at, &json);
+                        self.on_result(&mut st.rec, &id_prefix, at, &json);
                     }
                     // Take whatever else already arrived before deciding what to send.
                     while let Ok(batch) = rx.try_recv() {
                         for (at, json) in batch {
-                            self.on_result(&mut rec, &id_prefix, at, &json);
+                            self.on_result(&mut st.rec, &id_prefix, at, &json);
                         }
                     }
                 }
                 _ = tokio::time::sleep_until(sleep_until.into()), if wake.is_some() => {}
-                _ = tick.tick() => progress.update(&rec, start, spec),
-                r = cancel.changed(), if !interrupted => {
+                _ = tick.tick() => progress.update(&st.rec, st.start, spec),
+                r = cancel.changed(), if !st.interrupted => {
                     if r.is_err() || *cancel.borrow() {
-                        interrupted = true;
-                        sending = false;
+                        st.interrupted = true;
+                        st.sending = false;
                     }
                 }
             }
         }
-        progress.update(&rec, start, spec);
+        progress.update(&st.rec, st.start, spec);
         Ok(PhaseOutcome {
-            workers_released_after,
-            recorder: rec,
-            faults: fired,
-            interrupted,
+            workers_released_after: st.workers_released_after,
+            recorder: st.rec,
+            faults: st.fired,
+            interrupted: st.interrupted,
             started_s,
             ended_s: Instant::now().duration_since(self.t0).as_secs_f64(),
         })
+    }
+
+    /// Stops sending at the job count or duration, or when jobs are in flight and not one
+    /// result came for a whole drain timeout.
+    fn decide_sending(&self, spec: &PhaseSpec, st: &mut PhaseState, now: Instant) {
+        let rec = &st.rec;
+        let more = match (spec.stop, spec.load) {
+            (Stop::Jobs(n), _) => (rec.records.len() as u64) < n,
+            // The schedule decides: a job due before the end is sent even when this loop wakes
+            // up late.
+            (Stop::After(d), Load::Open { rate }) => {
+                open_interval(rate).mul_f64(rec.records.len() as f64) < d
+            }
+            (Stop::After(d), _) => now < st.start + d,
+        };
+        if !more {
+            st.sending = false;
+            st.last_activity = now;
+        } else if spec.load != Load::Backlog
+            && rec.outstanding() > 0
+            && now.duration_since(st.last_activity) >= spec.drain_timeout
+        {
+            // The workers are gone or stuck. A closed loop would wait for them forever.
+            st.sending = false;
+            self.note(format!(
+                "no result for {:.0?} with {} job(s) in flight: ending the phase early; the \
+                 unanswered jobs count as lost",
+                spec.drain_timeout,
+                rec.outstanding()
+            ));
+        }
+    }
+
+    /// The jobs to send now under the phase's load, planned in the recorder, and when to wake
+    /// for the next scheduled send.
+    fn due_batch(
+        &self,
+        spec: &PhaseSpec,
+        source: &mut JobSource,
+        st: &mut PhaseState,
+        now: Instant,
+    ) -> (Vec<(usize, String, String)>, Option<Instant>) {
+        let mut batch = Vec::new();
+        let mut wake = None;
+        let limit = match spec.stop {
+            Stop::Jobs(n) => n as usize,
+            Stop::After(_) => usize::MAX,
+        };
+        let rec = &mut st.rec;
+        match spec.load {
+            Load::Closed { concurrency } => {
+                let want = concurrency.saturating_sub(rec.outstanding());
+                for _ in 0..want.min(SEND_BATCH) {
+                    if rec.records.len() >= limit {
+                        break;
+                    }
+                    batch.push(self.plan(spec, source, rec, now));
+                }
+            }
+            Load::Open { rate } => {
+                let interval = open_interval(rate);
+                while batch.len() < SEND_BATCH && rec.records.len() < limit {
+                    let due = st.start + interval.mul_f64(rec.records.len() as f64);
+                    if due > now || matches!(spec.stop, Stop::After(d) if due >= st.start + d) {
+                        wake = Some(due);
+                        break;
+                    }
+                    batch.push(self.plan(spec, source, rec, due));
+                }
+                if batch.len() == SEND_BATCH {
+                    wake = Some(now);
+                }
+            }
+            Load::Backlog => {
+                while batch.len() < SEND_BATCH && rec.records.len() < limit {
+                    batch.push(self.plan(spec, source, rec, now));
+                }
+                wake = Some(now);
+            }
+        }
+        (batch, wake)
+    }
+
+    /// Marks a planned batch sent and enqueues it.
+    async fn send_batch(
+        &self,
+        spec: &PhaseSpec,
+        conn: &mut Conn,
+        rec: &mut Recorder,
+        batch: Vec<(usize, String, String)>,
+    ) -> anyhow::Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let sent_at = Instant::now();
+        for (seq, ..) in &batch {
+            rec.sent(*seq, sent_at);
+        }
+        let jobs: Vec<(String, String)> =
+            batch.into_iter().map(|(_, id, json)| (id, json)).collect();
+        let deadline = Instant::now() + spec.drain_timeout;
+        self.send(conn, &jobs, deadline).await
+    }
+
+    /// Once sending has ended: releases a backlog's workers, then says whether the phase is
+    /// over (every job answered and the grace for duplicates past, the drain timed out, or a
+    /// backlog interrupted).
+    fn drain_step(
+        &self,
+        spec: &PhaseSpec,
+        cluster: &mut Option<&mut dyn Cluster>,
+        st: &mut PhaseState,
+        now: Instant,
+    ) -> anyhow::Result<Drain> {
+        if spec.load == Load::Backlog && st.interrupted {
+            // A backlog can hold far more jobs than a loop keeps in flight: an interrupted one
+            // ends now, and the jobs still queued count as lost.
+            self.note(format!(
+                "interrupted with {} job(s) of the backlog unanswered; they count as lost",
+                st.rec.outstanding()
+            ));
+            return Ok(Drain::Over);
+        }
+        if !st.released && spec.load == Load::Backlog {
+            st.released = true;
+            let started = match cluster.as_deref_mut() {
+                Some(c) => tokio::task::block_in_place(|| c.release())?,
+                None => false,
+            };
+            if started {
+                st.workers_released_after = Some(st.rec.sent_count() as u64);
+            }
+            self.note(format!(
+                "{} jobs enqueued; {}",
+                st.rec.sent_count(),
+                if started {
+                    "workers started"
+                } else {
+                    "draining"
+                }
+            ));
+            st.last_activity = Instant::now();
+        }
+        if st.rec.outstanding() == 0 {
+            let at = *st.all_done_at.get_or_insert(now);
+            if now.duration_since(at) >= DUPLICATE_GRACE {
+                return Ok(Drain::Over);
+            }
+        } else if now.duration_since(st.last_activity) >= spec.drain_timeout {
+            return Ok(Drain::Over);
+        }
+        Ok(Drain::Waiting)
+    }
+
+    /// Fires the faults due at this fraction of the phase: of the jobs completed, or of the
+    /// time.
+    fn fire_due_faults(
+        &self,
+        spec: &PhaseSpec,
+        cluster: &mut Option<&mut dyn Cluster>,
+        st: &mut PhaseState,
+        now: Instant,
+    ) -> anyhow::Result<()> {
+        let fraction = match spec.stop {
+            Stop::Jobs(n) => st.rec.completed() as f64 / n.max(1) as f64,
+            Stop::After(d) => now.duration_since(st.start).as_secs_f64() / d.as_secs_f64(),
+        };
+        while let Some(&(at, fault)) = st.faults.first() {
+            if fraction < at {
+                break;
+            }
+            st.faults.remove(0);
+            let Some(c) = cluster.as_deref_mut() else {
+                anyhow::bail!("fault {fault:?} needs a cluster started by the load generator");
+            };
+            let detail = tokio::task::block_in_place(|| c.inject(fault))?;
+            self.note(format!("fault: {fault:?}: {detail}"));
+            st.fired.push(FaultEvent {
+                fault,
+                at_s: Instant::now().duration_since(self.t0).as_secs_f64(),
+                detail,
+            });
+        }
+        Ok(())
     }
 
     fn plan(

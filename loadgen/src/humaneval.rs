@@ -123,7 +123,7 @@ mod tests {
     fn shared_data_set_has_164_problems_when_present() {
         let path = locate(None);
         if !path.exists() {
-            forkbox_queue::skip::skipped(format!("{} is absent", path.display()));
+            forkbox_testkit::skipped(format!("{} is absent", path.display()));
             return;
         }
         let problems = load(&path).unwrap();

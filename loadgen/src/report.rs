@@ -414,8 +414,30 @@ impl Report {
         s
     }
 
+    /// The report as Markdown: one section after another, each present only when the run
+    /// has something for it.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        let sections: [fn(&Report, &mut String); 10] = [
+            Report::md_headline,
+            Report::md_backlogs,
+            Report::md_by_kind,
+            Report::md_humaneval,
+            Report::md_hostile,
+            Report::md_scaling,
+            Report::md_ramp,
+            Report::md_faults,
+            Report::md_errors,
+            Report::md_plots_and_environment,
+        ];
+        for section in sections {
+            section(self, &mut s);
+        }
+        s
+    }
+
+    /// Title, verdict, summary table and the latency note.
+    fn md_headline(&self, s: &mut String) {
         let verdict = if self.ok {
             "OK: no job lost or duplicated"
         } else if self.interrupted {
@@ -431,6 +453,10 @@ impl Report {
              coordinated omission); from the actual send time: p50 {:.2} ms, p99 {:.2} ms.\n",
             self.service_latency_ms.p50, self.service_latency_ms.p99
         );
+    }
+
+    /// How each backlog phase was fed to the workers.
+    fn md_backlogs(&self, s: &mut String) {
         let backlogs: Vec<&PhaseSummary> = self
             .phases
             .iter()
@@ -454,6 +480,10 @@ impl Report {
                  includes each job's wait in the queue.\n"
             );
         }
+    }
+
+    /// One row per workload kind.
+    fn md_by_kind(&self, s: &mut String) {
         if !self.by_kind.is_empty() {
             let _ = writeln!(
                 s,
@@ -477,12 +507,20 @@ impl Report {
                 );
             }
         }
+    }
+
+    /// The HumanEval tasks that did not pass.
+    fn md_humaneval(&self, s: &mut String) {
         if let Some(h) = &self.humaneval {
             let _ = writeln!(s, "\n## HumanEval\n\n{} of {} passed.", h.passed, h.sent);
             for (task, status) in &h.not_passed {
                 let _ = writeln!(s, "- {task}: {status}");
             }
         }
+    }
+
+    /// What the hostile programs did, and the latency of the others beside them.
+    fn md_hostile(&self, s: &mut String) {
         if let Some(h) = &self.hostile {
             let _ = writeln!(
                 s,
@@ -514,6 +552,10 @@ impl Report {
                 h.others_apart_ms.count
             );
         }
+    }
+
+    /// Throughput against the number of workers.
+    fn md_scaling(&self, s: &mut String) {
         if let Some(points) = &self.scaling {
             let _ = writeln!(
                 s,
@@ -536,6 +578,10 @@ impl Report {
             }
             s.push_str("\n![throughput vs workers](scaling.svg)\n");
         }
+    }
+
+    /// The ramp's steps and its highest sustainable rate.
+    fn md_ramp(&self, s: &mut String) {
         if let Some(r) = &self.ramp {
             let _ = writeln!(
                 s,
@@ -556,18 +602,30 @@ impl Report {
             }
             s.push_str("\n![ramp](ramp.svg)\n");
         }
+    }
+
+    /// The faults injected, when.
+    fn md_faults(&self, s: &mut String) {
         if !self.faults.is_empty() {
             let _ = writeln!(s, "\n## Faults\n");
             for f in &self.faults {
                 let _ = writeln!(s, "- at {:.1} s: {:?}: {}", f.at_s, f.fault, f.detail);
             }
         }
+    }
+
+    /// Sample error messages.
+    fn md_errors(&self, s: &mut String) {
         if !self.error_samples.is_empty() {
             let _ = writeln!(s, "\n## Sample errors\n");
             for e in &self.error_samples {
                 let _ = writeln!(s, "- {e}");
             }
         }
+    }
+
+    /// The plots, then the host and the run's parameters.
+    fn md_plots_and_environment(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\n## Plots\n\n![latency over time](latency.svg)\n\n![throughput over time](throughput.svg)\n"
@@ -580,7 +638,6 @@ impl Report {
             self.environment.redis_version,
             serde_json::to_string_pretty(&self.parameters).unwrap_or_default()
         );
-        s
     }
 }
 

@@ -23,7 +23,8 @@ use crate::netns::{SimulatedHosts, SystemIp};
 use crate::orphans;
 use crate::report::{self, Environment, MeasuredPhase, RampSummary, Report};
 use crate::stats::percentiles_ms;
-use forkbox_queue::{Keys, RedisServer, RedisServerOptions};
+use forkbox_private_redis::{RedisServer, RedisServerOptions};
+use forkbox_queue::Keys;
 
 /// Workers and Redis as the phases see them.
 struct LocalCluster<'a> {
@@ -109,7 +110,7 @@ fn kill_busiest_primary(seeds: &str, streams: &[String]) -> anyhow::Result<Strin
         }
     }
     let (seed, text) = nodes.context("no cluster seed answered CLUSTER NODES")?;
-    let view = forkbox_queue::redis_cluster::parse_nodes(&text);
+    let view = forkbox_private_redis::parse_nodes(&text);
     let busiest = view
         .iter()
         .filter(|n| n.primary && !n.failed)

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use forkbox_loadgen::report::Report;
-use forkbox_queue::RedisServer;
+use forkbox_testkit::RedisServer;
 
 fn forkbox_worker() -> Option<PathBuf> {
     let reason = match forkbox_loadgen::cluster::forkbox_bin() {
@@ -32,7 +32,7 @@ fn forkbox_worker() -> Option<PathBuf> {
     if std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_some() {
         panic!("{reason}");
     }
-    forkbox_queue::skip::skipped(reason);
+    forkbox_testkit::skipped(reason);
     None
 }
 
@@ -152,7 +152,7 @@ fn killing_a_worker_mid_run_loses_no_job() {
 #[test]
 fn simulated_hosts_are_removed_after_the_run() {
     if let Err(reason) = forkbox_loadgen::netns::available() {
-        forkbox_queue::skip::skipped(format!("ip netns is unavailable here: {reason}"));
+        forkbox_testkit::skipped(format!("ip netns is unavailable here: {reason}"));
         return;
     }
     let Some(bin) = forkbox_worker() else { return };
@@ -311,7 +311,7 @@ fn workers_serving(queue: &str) -> usize {
 #[test]
 fn interrupting_a_run_leaves_no_host_link_or_worker_behind() {
     if let Err(reason) = forkbox_loadgen::netns::available() {
-        forkbox_queue::skip::skipped(format!("ip netns is unavailable here: {reason}"));
+        forkbox_testkit::skipped(format!("ip netns is unavailable here: {reason}"));
         return;
     }
     let Some(bin) = forkbox_worker() else { return };
@@ -393,7 +393,7 @@ fn the_humaneval_workload_passes_all_164_problems() {
             std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_none(),
             "{reason}"
         );
-        forkbox_queue::skip::skipped(reason);
+        forkbox_testkit::skipped(reason);
         return;
     }
     let data = data.to_str().unwrap();
@@ -600,7 +600,7 @@ fn what_a_load_generator_killed_outright_left_is_removed_by_cleanup() {
     let hosts = match forkbox_loadgen::netns::available() {
         Ok(()) => true,
         Err(reason) => {
-            forkbox_queue::skip::skipped(format!(
+            forkbox_testkit::skipped(format!(
                 "the simulated hosts part: ip netns is unavailable here: {reason}"
             ));
             false

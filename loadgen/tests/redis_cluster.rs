@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use forkbox_loadgen::report::Report;
-use forkbox_queue::RedisCluster;
+use forkbox_testkit::RedisCluster;
 
 fn forkbox_worker() -> Option<PathBuf> {
     let bin = forkbox_loadgen::cluster::forkbox_bin();
@@ -24,7 +24,7 @@ fn forkbox_worker() -> Option<PathBuf> {
     if std::env::var_os("FORKBOX_LOADGEN_REQUIRE_WORKER").is_some() {
         panic!("{reason}");
     }
-    forkbox_queue::skip::skipped(reason);
+    forkbox_testkit::skipped(reason);
     None
 }
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use forkbox_loadgen::report::Report;
-use forkbox_queue::test_certs::TestCerts;
-use forkbox_queue::{skip::skipped, RedisServer, RedisServerOptions, ServerTls};
+use forkbox_testkit::TestCerts;
+use forkbox_testkit::{skipped, tls_server, RedisServer, RedisServerOptions};
 
 fn forkbox_worker() -> Option<PathBuf> {
     let bin = forkbox_loadgen::cluster::forkbox_bin();
@@ -32,20 +32,10 @@ fn loadgen(args: &[&str], bin: &std::path::Path) -> Output {
 #[test]
 fn a_run_over_rediss_with_a_ca_file() {
     let Some(bin) = forkbox_worker() else { return };
-    let certs = match TestCerts::make() {
-        Ok(c) => c,
-        Err(e) => return skipped(format!("TLS tests: {e}")),
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
     };
-    let server = RedisServer::start_with(RedisServerOptions {
-        tls: Some(ServerTls {
-            cert: certs.server_cert(),
-            key: certs.server_key(),
-            ca: certs.ca(),
-            require_client_cert: false,
-        }),
-        ..RedisServerOptions::default()
-    })
-    .expect("a TLS redis-server");
+    let server = tls_server(&certs, false);
     let report = tempfile::tempdir().unwrap();
     let ca = certs.ca();
     let out = loadgen(

@@ -1,5 +1,6 @@
 //! Operating a queue: heartbeats, stats, consumer clean-up, dead letters, batch counters.
 
+use crate::scripts::CheckedCall;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -7,8 +8,9 @@ use redis::Value;
 
 use crate::error::QueueError;
 use crate::keys::GROUP;
-use crate::queue::{now_ms, Queue, SCRIPTS};
+use crate::queue::{now_ms, Queue};
 use crate::reply;
+use crate::scripts::SCRIPTS;
 
 /// A snapshot of a queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -262,6 +264,7 @@ impl Queue {
                 .key(self.keys.worker(&name))
                 .arg(GROUP)
                 .arg(&name)
+                .checked()
                 .invoke_async(&mut self.conn())
                 .await
                 .map_err(|source| QueueError::RemoveConsumers {

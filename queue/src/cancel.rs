@@ -15,6 +15,7 @@
 //! slot moves or its primary dies, the node drops the subscription or the connection, and the
 //! watcher subscribes again where the slot now is and resyncs from the sorted set.
 
+use crate::scripts::CheckedCall;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -24,8 +25,9 @@ use tokio::sync::mpsc;
 use crate::error::QueueError;
 use crate::keys::GROUP;
 use crate::link::{connection_config, RESPONSE_TIMEOUT};
-use crate::queue::{now_ms, Opener, Queue, SCRIPTS};
+use crate::queue::{now_ms, Opener, Queue};
 use crate::reply;
+use crate::scripts::SCRIPTS;
 
 /// What a [`CancelWatcher`] saw.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +95,7 @@ impl Queue {
             .arg(id)
             .arg(GROUP)
             .arg(self.keys.result(id))
+            .checked()
             .invoke_async(&mut self.conn())
             .await
             .map_err(|e| self.cancel_err(e))?;

@@ -14,8 +14,9 @@
 
 use crate::error::QueueError;
 use crate::keys::GROUP;
-use crate::queue::{now_ms, Queue, SCRIPTS};
+use crate::queue::{now_ms, Queue};
 use crate::schema::{JobResult, Outcome, Status};
+use crate::scripts::SCRIPTS;
 use crate::{reply, Delivery};
 use redis::aio::ConnectionLike;
 use redis::FromRedisValue;

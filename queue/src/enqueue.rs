@@ -7,8 +7,9 @@
 
 use crate::error::QueueError;
 use crate::keys::JOB_FIELD;
-use crate::queue::{Queue, SCRIPTS};
+use crate::queue::Queue;
 use crate::schema::Job;
+use crate::scripts::SCRIPTS;
 
 /// Jobs per pipeline in [`Queue::enqueue_batch`]: bounds the memory of one round trip.
 const BATCH_CHUNK: usize = 1000;

@@ -5,8 +5,8 @@
 //! on a [`Queue`]: enqueue, read, complete, dead-letter, reclaim, cancel, wait for results,
 //! stats and dead-letter handling. It holds no sandbox code, so clients and tools can depend on
 //! it without pulling in the engine. `docs/protocol.md` describes the same contract for clients
-//! in other languages. [`redis_server::RedisServer`] runs a private `redis-server` for tests and
-//! for `forkbox up`; [`skip::skipped`] is how every test suite reports what it could not run.
+//! in other languages. Running a Redis (`forkbox-private-redis`) and the test harness
+//! (`forkbox-testkit`) live in crates of their own.
 //!
 //! A worker's loop, in terms of this crate:
 //!
@@ -45,13 +45,10 @@ mod partitioned;
 mod priority;
 mod queue;
 mod reclaim;
-pub mod redis_cluster;
-pub mod redis_server;
 mod reply;
 mod results;
 pub mod schema;
-pub mod skip;
-pub mod test_certs;
+mod scripts;
 pub mod topology;
 
 pub use admin::{
@@ -71,10 +68,6 @@ pub use queue::{
     now_ms, Broker, Connection, Endpoint, Queue, QueueConfig, RoundTrips, DEFAULT_MAX_RESULT_BYTES,
 };
 pub use reclaim::{Reclaimed, HANDED_BACK_IDLE_MS, RECLAIM_PAGE};
-pub use redis_cluster::{RedisCluster, RedisClusterError};
-pub use redis_server::{
-    random_password, RedisServer, RedisServerError, RedisServerOptions, ServerTls,
-};
 pub use schema::{
     EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Network, Outcome,
     OutputMode, Runtime, RuntimeUse, Status,

@@ -16,7 +16,7 @@
 //! handle on one named queue of a broker. The operations live in the sibling modules, one per
 //! concern, as `impl Queue` blocks.
 
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -78,28 +78,6 @@ impl Default for QueueConfig {
         }
     }
 }
-
-pub(crate) struct Scripts {
-    pub enqueue: Script,
-    pub complete: Script,
-    pub refresh_claims: Script,
-    pub hand_back: Script,
-    pub remove_consumer: Script,
-    pub dlq_requeue: Script,
-    pub job_state: Script,
-    pub rights: Script,
-}
-
-pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    enqueue: Script::new(include_str!("../lua/enqueue.lua")),
-    complete: Script::new(include_str!("../lua/complete.lua")),
-    refresh_claims: Script::new(include_str!("../lua/refresh_claims.lua")),
-    hand_back: Script::new(include_str!("../lua/hand_back.lua")),
-    remove_consumer: Script::new(include_str!("../lua/remove_consumer.lua")),
-    dlq_requeue: Script::new(include_str!("../lua/dlq_requeue.lua")),
-    job_state: Script::new(include_str!("../lua/job_state.lua")),
-    rights: Script::new(include_str!("../lua/rights.lua")),
-});
 
 /// Where a broker's Redis is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -670,6 +648,10 @@ impl Broker {
         pipe: &Pipeline,
         scripts: &[&Script],
     ) -> RedisResult<T> {
+        #[cfg(debug_assertions)]
+        if let Err(e) = crate::scripts::check_calls(pipe) {
+            panic!("{e}");
+        }
         let mut conn = self.connection();
         // A pipeline sent to a Redis that lacks a script fails in every call and is sent
         // again: for a large one (a batch enqueue), load the scripts first, once per broker.

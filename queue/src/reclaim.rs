@@ -7,15 +7,17 @@
 //! as a delivery; once a job has been handed out `max_attempts` times without a result it goes
 //! to the dead-letter stream instead of being run again.
 
+use crate::scripts::CheckedCall;
 use std::collections::{HashMap, HashSet};
 
 use redis::Value;
 
 use crate::error::QueueError;
 use crate::keys::GROUP;
-use crate::queue::{Queue, SCRIPTS};
+use crate::queue::Queue;
 use crate::reply;
 use crate::schema::Status;
+use crate::scripts::SCRIPTS;
 use crate::Delivery;
 
 /// Entries asked for per XAUTOCLAIM call; the cursor loop continues past it.
@@ -272,7 +274,9 @@ impl Queue {
         for (entry_id, deliveries) in entries {
             inv.arg(*entry_id).arg(deliveries.saturating_sub(1));
         }
-        inv.invoke_async(&mut self.conn())
+        inv.checked()
+            .checked()
+            .invoke_async(&mut self.conn())
             .await
             .map_err(|source| QueueError::HandBack {
                 queue: self.name().to_owned(),
@@ -299,6 +303,7 @@ impl Queue {
             .arg(GROUP)
             .arg(consumer)
             .arg(entry_ids)
+            .checked()
             .invoke_async(&mut self.conn())
             .await
             .map_err(|source| QueueError::RefreshClaims {

@@ -574,8 +574,52 @@ impl Job {
         Ok(job)
     }
 
-    /// Checks the rules that types alone cannot express.
+    /// Checks the rules that types alone cannot express: one step per field group, in this
+    /// order, the first broken rule being the error. A new field group is one more step.
     pub fn validate(&self) -> Result<(), JobError> {
+        self.check_id()?;
+        self.check_command()?;
+        self.check_env()?;
+        self.check_exec_size()?;
+        self.check_stdin()?;
+        self.check_files()?;
+        self.check_collect()?;
+        self.check_batch()?;
+        self.check_reply_to()?;
+        self.check_cwd()?;
+        self.check_bounds()?;
+        Ok(())
+    }
+
+    /// What the program's argv and the job's `env` take at exec ([`exec_footprint`]; the
+    /// engine's own `PATH`, `HOME`, `LANG` come on top).
+    pub fn exec_bytes(&self) -> usize {
+        let args: Vec<&str> = match (&self.argv, &self.cmd) {
+            (Some(argv), _) => argv.iter().map(String::as_str).collect(),
+            (None, Some(cmd)) => vec!["/bin/sh", "-c", cmd],
+            (None, None) => Vec::new(),
+        };
+        exec_footprint(args, self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+    }
+
+    /// The program and arguments to exec: `argv`, or `/bin/sh -c CMD`.
+    pub fn command(&self) -> Vec<String> {
+        match (&self.argv, &self.cmd) {
+            (Some(argv), _) => argv.clone(),
+            (None, Some(cmd)) => vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
+            (None, None) => Vec::new(),
+        }
+    }
+
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
+    }
+}
+
+/// The steps of [`Job::validate`], one per field group.
+impl Job {
+    /// The id, when given: printable ASCII of bounded length.
+    fn check_id(&self) -> Result<(), JobError> {
         if let Some(id) = &self.id {
             if id.is_empty() || id.len() > MAX_ID_LEN {
                 return Err(invalid(
@@ -587,6 +631,12 @@ impl Job {
                 return Err(invalid("id", "must be printable ASCII without spaces"));
             }
         }
+        Ok(())
+    }
+
+    /// `cmd` or `argv`, exactly one, non-empty, each string without NUL and within
+    /// `MAX_ARG_STRLEN`.
+    fn check_command(&self) -> Result<(), JobError> {
         match (&self.cmd, &self.argv) {
             (None, None) => {
                 return Err(invalid(
@@ -614,6 +664,11 @@ impl Job {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Variable names and values as exec takes them.
+    fn check_env(&self) -> Result<(), JobError> {
         for (k, v) in &self.env {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
                 return Err(invalid(
@@ -624,6 +679,12 @@ impl Job {
             no_nul(&format!("env.{k}"), v)?;
             exec_string(&format!("env.{k}"), k.len() + 1 + v.len())?;
         }
+        Ok(())
+    }
+
+    /// The command and env together within [`MAX_EXEC_ARGS_BYTES`], the engine's own variables
+    /// reserved (after the command and env checks, which bound each string).
+    fn check_exec_size(&self) -> Result<(), JobError> {
         let exec = self.exec_bytes() + EXEC_ENV_RESERVE;
         if exec > MAX_EXEC_ARGS_BYTES {
             return Err(invalid(
@@ -634,12 +695,22 @@ impl Job {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// `stdin` decodes.
+    fn check_stdin(&self) -> Result<(), JobError> {
         if let Some(stdin) = &self.stdin {
             stdin
                 .to_bytes()
                 .map_err(|e| invalid("stdin", format!("invalid base64: {e}")))?;
         }
-        // Each file once, and none inside another: the launcher would fail writing them.
+        Ok(())
+    }
+
+    /// Each file relative, decoding, named once, and none inside another: the launcher would
+    /// fail writing them.
+    fn check_files(&self) -> Result<(), JobError> {
         let mut names = BTreeMap::new();
         for (path, data) in &self.files {
             let field = format!("files.{path}");
@@ -671,6 +742,11 @@ impl Job {
                 dir = parent;
             }
         }
+        Ok(())
+    }
+
+    /// The collect patterns: bounded in size, relative, each wildcard component a valid glob.
+    fn check_collect(&self) -> Result<(), JobError> {
         let collect_bytes = serde_json::to_vec(&self.collect).map_or(usize::MAX, |v| v.len());
         if collect_bytes > MAX_COLLECT_JSON_BYTES {
             return Err(invalid(
@@ -693,6 +769,11 @@ impl Job {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The batch name, when given.
+    fn check_batch(&self) -> Result<(), JobError> {
         if let Some(batch) = &self.batch {
             if batch.is_empty() || batch.len() > MAX_BATCH_LEN {
                 return Err(invalid(
@@ -704,15 +785,30 @@ impl Job {
                 return Err(invalid("batch", "must not contain control characters"));
             }
         }
+        Ok(())
+    }
+
+    /// The reply stream, when given, is one the key layout allows.
+    fn check_reply_to(&self) -> Result<(), JobError> {
         if let Some(reply_to) = &self.reply_to {
             crate::keys::parse_reply_to(reply_to).map_err(|m| invalid("reply_to", m))?;
         }
+        Ok(())
+    }
+
+    /// The working directory stays inside the sandbox's.
+    fn check_cwd(&self) -> Result<(), JobError> {
         if let Some(cwd) = &self.cwd {
             no_nul("cwd", cwd)?;
             if cwd.split('/').any(|c| c == "..") {
                 return Err(invalid("cwd", "must not contain '..'"));
             }
         }
+        Ok(())
+    }
+
+    /// The numeric settings within their bounds: timeout, limits, attempts, result TTL.
+    fn check_bounds(&self) -> Result<(), JobError> {
         if let Some(t) = self.timeout_ms {
             if t == 0 || t > MAX_TIMEOUT_MS {
                 return Err(invalid(
@@ -749,36 +845,32 @@ impl Job {
         }
         Ok(())
     }
+}
 
-    /// What the program's argv and the job's `env` take at exec: each string with its NUL and
-    /// one pointer (the engine's own `PATH`, `HOME`, `LANG` come on top).
-    pub fn exec_bytes(&self) -> usize {
-        let ptr = std::mem::size_of::<usize>();
-        let args: usize = match (&self.argv, &self.cmd) {
-            (Some(argv), _) => argv.iter().map(|a| a.len() + 1 + ptr).sum(),
-            (None, Some(cmd)) => "/bin/sh".len() + "-c".len() + cmd.len() + 3 * (1 + ptr),
-            (None, None) => 0,
-        };
-        let env: usize = self
-            .env
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 2 + ptr)
-            .sum();
-        args + env
-    }
+/// What `args` and `env` take at exec, as the kernel counts them against its bound: each
+/// string with its NUL (`KEY=VALUE` for a variable) and one pointer.
+pub fn exec_footprint<'a>(
+    args: impl IntoIterator<Item = &'a str>,
+    env: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> usize {
+    let ptr = std::mem::size_of::<usize>();
+    let args: usize = args.into_iter().map(|a| a.len() + 1 + ptr).sum();
+    let env: usize = env
+        .into_iter()
+        .map(|(k, v)| k.len() + v.len() + 2 + ptr)
+        .sum();
+    args + env
+}
 
-    /// The program and arguments to exec: `argv`, or `/bin/sh -c CMD`.
-    pub fn command(&self) -> Vec<String> {
-        match (&self.argv, &self.cmd) {
-            (Some(argv), _) => argv.clone(),
-            (None, Some(cmd)) => vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
-            (None, None) => Vec::new(),
-        }
-    }
-
-    pub fn timeout_ms(&self) -> u64 {
-        self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
-    }
+/// The kernel's bound on argv and environment at exec for a process whose soft
+/// `RLIMIT_STACK` is `stack_soft` bytes: a quarter of it, at least 128 KiB (`ARG_MAX`), at most
+/// three quarters of 8 MiB (`_STK_LIM`). [`MAX_EXEC_ARGS_BYTES`] is what a job may take on any
+/// node; a node also checks this bound for its own stack limit.
+pub fn exec_args_limit(stack_soft: u64) -> usize {
+    const ARG_MAX: u64 = 128 * 1024;
+    const STK_LIM: u64 = 8 * 1024 * 1024;
+    let limit = (STK_LIM / 4 * 3).min(stack_soft / 4).max(ARG_MAX);
+    usize::try_from(limit).unwrap_or(usize::MAX)
 }
 
 /// One argument or environment string of `len` bytes must fit the kernel's `MAX_ARG_STRLEN`.
@@ -1500,5 +1592,30 @@ mod tests {
         }
         let e = "host".parse::<Network>().unwrap_err();
         assert!(e.contains("none, loopback"), "{e}");
+    }
+
+    #[test]
+    fn the_exec_bound_follows_the_stack_limit() {
+        const K: u64 = 1024;
+        for (stack, bound) in [
+            (8 * K * K, 2 * K * K),  // the usual 8 MiB: a quarter
+            (256 * K, 128 * K),      // a small stack: never under ARG_MAX
+            (64 * K * K, 6 * K * K), // a large stack: never over 3/4 of _STK_LIM
+            (u64::MAX, 6 * K * K),   // unlimited
+            (0, 128 * K),            // unknown (0): ARG_MAX
+        ] {
+            assert_eq!(exec_args_limit(stack), bound as usize, "stack {stack}");
+        }
+    }
+
+    #[test]
+    fn a_shell_command_counts_as_the_argv_it_runs() {
+        let ptr = std::mem::size_of::<usize>();
+        let shell = Job::shell("echo hi");
+        let argv = Job::argv(["/bin/sh", "-c", "echo hi"]);
+        assert_eq!(shell.exec_bytes(), argv.exec_bytes());
+        assert_eq!(argv.exec_bytes(), 8 + 3 + 8 + 3 * ptr);
+        let env = exec_footprint([], [("A", "bc")]);
+        assert_eq!(env, "A=bc".len() + 1 + ptr);
     }
 }

@@ -5,9 +5,8 @@
 use std::time::Duration;
 
 use forkbox_queue::redis::{self, aio::MultiplexedConnection};
-use forkbox_queue::{
-    Broker, Job, JobResult, Outcome, QueueConfig, RedisServer, RedisServerOptions, Status,
-};
+use forkbox_queue::{Broker, Job, JobResult, Outcome, QueueConfig, Status};
+use forkbox_testkit::{RedisServer, RedisServerOptions};
 
 const QUEUE: &str = "acl";
 

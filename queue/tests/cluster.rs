@@ -11,8 +11,9 @@ use common::{eventually, ok_result};
 use forkbox_queue::redis::{self, AsyncCommands};
 use forkbox_queue::{
     Broker, CancelEvent, Completion, DlqSelection, Endpoint, Job, Queue, QueueConfig, QueueError,
-    QueueSet, RedisCluster, RedisServer,
+    QueueSet,
 };
+use forkbox_testkit::{RedisCluster, RedisServer};
 
 const LIMIT: Duration = Duration::from_secs(60);
 

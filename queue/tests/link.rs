@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_queue::{Broker, Job, QueueConfig, QueueError, RedisServer};
+use forkbox_queue::{Broker, Job, QueueConfig, QueueError};
+use forkbox_testkit::RedisServer;
 
 /// An acceptance bound, far above what the calls take and far below the minutes that
 /// unbounded reconnect back-offs took.

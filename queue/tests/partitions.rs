@@ -8,7 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use common::ok_result;
-use forkbox_queue::{Broker, Job, QueueConfig, QueueError, QueueSet, RedisServer};
+use forkbox_queue::{Broker, Job, QueueConfig, QueueError, QueueSet};
+use forkbox_testkit::RedisServer;
 
 fn job(id: &str) -> Job {
     Job {

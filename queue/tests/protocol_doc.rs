@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::ok_result;
 use forkbox_queue::redis::{self, Value};
 use forkbox_queue::schema::DEFAULT_MAX_JOB_BYTES;
-use forkbox_queue::{Broker, Job, JobResult, Queue, QueueConfig, RedisServer, Status};
+use forkbox_queue::{Broker, Job, JobResult, Queue, QueueConfig, Status};
+use forkbox_testkit::RedisServer;
 
 fn doc() -> String {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md");
@@ -55,7 +56,7 @@ fn redis_cli_lines() -> Vec<String> {
 /// Whether redis-cli runs here; the caller's test is skipped (and counted) when it does not.
 fn have_redis_cli() -> bool {
     let Ok(status) = Command::new("redis-cli").arg("--version").output() else {
-        forkbox_queue::skip::skipped("redis-cli is not installed");
+        forkbox_testkit::skipped("redis-cli is not installed");
         return false;
     };
     assert!(status.status.success());
@@ -245,7 +246,7 @@ async fn the_cluster_example_runs_in_redis_cli_c() {
     if !have_redis_cli() {
         return;
     }
-    let cluster = forkbox_queue::RedisCluster::start_default().expect("start a 3+3 cluster");
+    let cluster = forkbox_testkit::RedisCluster::start_default().expect("start a 3+3 cluster");
     let endpoint = forkbox_queue::Endpoint::parse(&cluster.seeds(), true).unwrap();
     let q = Broker::connect_to(&endpoint)
         .await
@@ -332,7 +333,7 @@ async fn the_partitioned_example_runs_in_redis_cli_c() {
     }
     assert_eq!(forkbox_queue::keys::partition_of("hello-p1", 3), 1);
 
-    let cluster = forkbox_queue::RedisCluster::start_default().expect("start a 3+3 cluster");
+    let cluster = forkbox_testkit::RedisCluster::start_default().expect("start a 3+3 cluster");
     let endpoint = forkbox_queue::Endpoint::parse(&cluster.seeds(), true).unwrap();
     let q = Broker::connect_to(&endpoint)
         .await

@@ -9,8 +9,9 @@ use common::{conn, ok_result, server_and_queue};
 use forkbox_queue::redis::{self, AsyncCommands};
 use forkbox_queue::{
     Broker, CancelEvent, Completion, DlqSelection, Job, JobError, JobState, QueueConfig, QueueSet,
-    RedisServer, Status,
+    Status,
 };
+use forkbox_testkit::RedisServer;
 
 #[tokio::test]
 async fn enqueue_read_complete_stores_exactly_one_result() {

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use common::{conn, eventually, ok_result, server_and_queue};
 use forkbox_queue::redis::{self, AsyncCommands};
-use forkbox_queue::{Broker, CancelEvent, Completion, Job, QueueConfig, RedisServer, RECLAIM_PAGE};
+use forkbox_queue::{Broker, CancelEvent, Completion, Job, QueueConfig, RECLAIM_PAGE};
+use forkbox_testkit::RedisServer;
 
 #[tokio::test]
 async fn a_dead_consumers_entries_are_reclaimed_by_another() {

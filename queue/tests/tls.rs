@@ -3,34 +3,8 @@
 
 use std::time::Duration;
 
-use forkbox_queue::test_certs::TestCerts;
-use forkbox_queue::{
-    skip::skipped, Broker, Endpoint, Job, QueueConfig, RedisCluster, RedisServer,
-    RedisServerOptions, RedisTls, ServerTls,
-};
-
-fn certs() -> Option<TestCerts> {
-    match TestCerts::make() {
-        Ok(c) => Some(c),
-        Err(e) => {
-            skipped(format!("TLS tests: {e}"));
-            None
-        }
-    }
-}
-
-fn tls_server(certs: &TestCerts, require_client_cert: bool) -> RedisServer {
-    RedisServer::start_with(RedisServerOptions {
-        tls: Some(ServerTls {
-            cert: certs.server_cert(),
-            key: certs.server_key(),
-            ca: certs.ca(),
-            require_client_cert,
-        }),
-        ..RedisServerOptions::default()
-    })
-    .expect("start a TLS redis-server")
-}
+use forkbox_queue::{Broker, Endpoint, Job, QueueConfig, RedisTls};
+use forkbox_testkit::{tls_server, RedisCluster, TestCerts};
 
 /// Enqueues a job and reads it back: the whole path of a worker's reads and a client's writes.
 async fn round_trip(broker: &Broker, queue: &str) {
@@ -45,7 +19,9 @@ async fn round_trip(broker: &Broker, queue: &str) {
 
 #[tokio::test]
 async fn rediss_with_the_ca_file_carries_the_queue() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, false);
     assert!(server.url().starts_with("rediss://"), "{}", server.url());
     let tls = RedisTls {
@@ -65,7 +41,9 @@ async fn rediss_with_the_ca_file_carries_the_queue() {
 
 #[tokio::test]
 async fn a_wrong_ca_is_refused_naming_the_certificate() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, false);
     let tls = RedisTls {
         ca: Some(certs.other_ca()),
@@ -85,7 +63,9 @@ async fn a_wrong_ca_is_refused_naming_the_certificate() {
 
 #[tokio::test]
 async fn mutual_tls_needs_the_client_certificate() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, true);
     let ca_only = RedisTls {
         ca: Some(certs.ca()),
@@ -113,7 +93,9 @@ async fn mutual_tls_needs_the_client_certificate() {
 
 #[tokio::test]
 async fn insecure_fragment_skips_verification() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, false);
     let url = format!("{}#insecure", server.url());
     let broker = Broker::connect(&url).await.unwrap();
@@ -122,14 +104,10 @@ async fn insecure_fragment_skips_verification() {
 
 #[tokio::test]
 async fn a_cluster_speaks_tls_on_its_bus_and_to_clients() {
-    let Some(certs) = certs() else { return };
-    let tls = ServerTls {
-        cert: certs.server_cert(),
-        key: certs.server_key(),
-        ca: certs.ca(),
-        require_client_cert: false,
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
     };
-    let cluster = match RedisCluster::start_tls(3, 0, tls) {
+    let cluster = match RedisCluster::start_tls(3, 0, certs.server_tls(false)) {
         Ok(c) => c,
         Err(e) => panic!("a TLS cluster: {e}"),
     };

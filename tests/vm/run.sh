@@ -24,7 +24,7 @@ mkdir -p "$ROOT/target"
 skip() {
   echo "SKIPPED: VM tier: $*"
   echo "SKIPPED: $*" >"$STATUS"
-  # Hosts meant to run everything fail instead (as forkbox_queue::skip does for Rust tests).
+  # Hosts meant to run everything fail instead (as forkbox_testkit::skipped does for Rust tests).
   [ "${FORKBOX_REQUIRE_PRIVILEGED:-}" = 1 ] && exit 1
   exit 0
 }

@@ -22,7 +22,7 @@ use sandbox_support::{is_root, Identity, BIN};
 /// The delegated cgroup of this (root) process, or why the test is skipped.
 fn delegated(test: &str) -> Option<PathBuf> {
     if !is_root() {
-        forkbox_queue::skip::skipped(format!(
+        forkbox_testkit::skipped(format!(
             "{test}: the cgroup tests run as root (the VM tier)"
         ));
         return None;
@@ -30,7 +30,7 @@ fn delegated(test: &str) -> Option<PathBuf> {
     match delegated_cgroup() {
         Ok(dir) => Some(dir),
         Err(reason) => {
-            forkbox_queue::skip::skipped(format!(
+            forkbox_testkit::skipped(format!(
                 "{test}: no cgroup v2 delegation here ({reason}); `make test-vm` runs it"
             ));
             None
@@ -453,7 +453,7 @@ impl Slice {
         match ["a", "b"].map(|s| Slice::new(parent, &format!("{name}-{s}"))) {
             [Ok(a), Ok(b)] => Some([a, b]),
             slices => {
-                forkbox_queue::skip::skipped(format!("{test}: {:?}", slices.map(|s| s.err())));
+                forkbox_testkit::skipped(format!("{test}: {:?}", slices.map(|s| s.err())));
                 None
             }
         }
@@ -597,7 +597,7 @@ fn a_shared_cgroup_is_refused_with_the_reason() {
     let slice = match Slice::new(&parent, "forkbox-shared") {
         Ok(s) => s,
         Err(e) => {
-            forkbox_queue::skip::skipped(format!("shared cgroup: {e}"));
+            forkbox_testkit::skipped(format!("shared cgroup: {e}"));
             return;
         }
     };

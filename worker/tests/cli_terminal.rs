@@ -72,7 +72,7 @@ fn obeyed(screen: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_command_lets_redis_data_drive_the_terminal() {
     if !have("/usr/bin/script") {
-        forkbox_queue::skip::skipped("no script (util-linux) to run commands on a terminal");
+        forkbox_testkit::skipped("no script (util-linux) to run commands on a terminal");
         return;
     }
     let server = start_redis();

@@ -55,7 +55,7 @@ fn allow_adds_to_the_default_allowlist_and_allow_only_replaces_it() {
 #[test]
 fn a_directory_the_sandboxes_cannot_reach_is_refused_with_the_reason() {
     if !is_root() {
-        forkbox_queue::skip::skipped("the node runs as root only when the tests do");
+        forkbox_testkit::skipped("the node runs as root only when the tests do");
         return;
     }
     // A private directory of host root, as /root is.

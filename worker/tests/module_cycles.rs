@@ -1,4 +1,4 @@
-//! No import cycle among the modules of `worker`, `queue` and `loadgen`.
+//! No import cycle among the modules of the workspace's crates.
 //!
 //! A module is one source file (`a/mod.rs` is `a`, `a/b.rs` is `a::b`); its edges are the
 //! modules its `crate::`, `super::` and `self::` paths name, grouped imports included. Comments
@@ -265,9 +265,9 @@ const KNOWN: &[(&str, &[&str])] = &[];
 
 #[test]
 fn no_crate_has_an_import_cycle() {
-    for krate in ["worker", "queue", "loadgen"] {
+    for krate in ["worker", "queue", "loadgen", "private-redis", "testkit"] {
         let graph = graph_of(&workspace().join(krate).join("src"));
-        assert!(graph.len() > 3, "{krate}: read {} modules", graph.len());
+        assert!(graph.len() >= 3, "{krate}: read {} modules", graph.len());
         for group in tangles(&graph) {
             let known = KNOWN.iter().any(|(k, members)| {
                 *k == krate && group.iter().all(|m| members.contains(&m.as_str()))

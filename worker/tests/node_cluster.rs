@@ -7,7 +7,8 @@ mod node_support;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use forkbox_queue::{redis, Job, Queue, RedisServer};
+use forkbox_queue::{redis, Job, Queue};
+use forkbox_testkit::RedisServer;
 use node_support::*;
 
 fn jobs(prefix: &str, n: usize, job: Job) -> Vec<Job> {

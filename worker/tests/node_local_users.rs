@@ -21,7 +21,7 @@ fn open_fds(pid: i32) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn half_sent_requests_on_the_metrics_port_cost_no_job() {
     if !have("/usr/bin/prlimit") {
-        forkbox_queue::skip::skipped("no prlimit (util-linux) to give the worker few descriptors");
+        forkbox_testkit::skipped("no prlimit (util-linux) to give the worker few descriptors");
         return;
     }
     // Room for this test's own connections, whatever the worker gets.
@@ -103,7 +103,7 @@ async fn half_sent_requests_on_the_metrics_port_cost_no_job() {
 #[test]
 fn healthz_fails_while_the_node_is_short_of_descriptors() {
     if !have("/usr/bin/prlimit") {
-        forkbox_queue::skip::skipped("no prlimit (util-linux) to give the worker few descriptors");
+        forkbox_testkit::skipped("no prlimit (util-linux) to give the worker few descriptors");
         return;
     }
     // 80 descriptors: the node starts and serves, but has fewer than the 64 it keeps free

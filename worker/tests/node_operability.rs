@@ -589,7 +589,7 @@ fn protocol_block(tag: &str) -> String {
 #[test]
 fn the_documented_node_reply_to_example_runs() {
     if !have("node") || !have("npm") {
-        forkbox_queue::skip::skipped("node or npm is not installed");
+        forkbox_testkit::skipped("node or npm is not installed");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -605,7 +605,7 @@ fn the_documented_node_reply_to_example_runs() {
         .output()
         .unwrap();
     if !install.status.success() {
-        forkbox_queue::skip::skipped(format!(
+        forkbox_testkit::skipped(format!(
             "npm install ioredis@5 failed (is the registry reachable?): {}",
             text(&install.stderr)
         ));

@@ -54,7 +54,7 @@ fn check_hello(json: &str) {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_documented_redis_cli_example_runs_verbatim() {
     if !have("redis-cli") {
-        forkbox_queue::skip::skipped("redis-cli is not installed");
+        forkbox_testkit::skipped("redis-cli is not installed");
         return;
     }
     let server = start_redis();
@@ -126,7 +126,7 @@ async fn a_redis_py_enqueue_works_the_same() {
     match probe {
         Ok(o) if o.status.success() => {}
         Ok(o) => {
-            forkbox_queue::skip::skipped(format!(
+            forkbox_testkit::skipped(format!(
                 "{python} cannot import redis ({}); the Makefile's venv provides it, \
                  or point FORKBOX_PYTHON at an interpreter that has it",
                 String::from_utf8_lossy(&o.stderr)
@@ -137,7 +137,7 @@ async fn a_redis_py_enqueue_works_the_same() {
             return;
         }
         Err(e) => {
-            forkbox_queue::skip::skipped(format!("cannot run {python}: {e}"));
+            forkbox_testkit::skipped(format!("cannot run {python}: {e}"));
             return;
         }
     }

@@ -10,7 +10,8 @@ mod node_support;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use forkbox_queue::{Job, Queue, RedisServer, Status};
+use forkbox_queue::{Job, Queue, Status};
+use forkbox_testkit::RedisServer;
 use nix::sys::signal::Signal;
 use node_support::*;
 

@@ -6,9 +6,7 @@ mod node_support;
 
 use std::process::{Command, Output, Stdio};
 
-use forkbox_queue::skip::skipped;
-use forkbox_queue::test_certs::TestCerts;
-use forkbox_queue::{RedisServer, RedisServerOptions, ServerTls};
+use forkbox_testkit::{tls_server, RedisServer, RedisServerOptions, TestCerts};
 use node_support::*;
 
 fn forkbox(args: &[String]) -> Output {
@@ -33,32 +31,15 @@ async fn cli(args: &[&str], redis: &[String]) -> Output {
         .unwrap()
 }
 
-fn certs() -> Option<TestCerts> {
-    TestCerts::make()
-        .map_err(|e| skipped(format!("TLS tests: {e}")))
-        .ok()
-}
-
-fn tls_server(certs: &TestCerts, require_client_cert: bool) -> RedisServer {
-    RedisServer::start_with(RedisServerOptions {
-        tls: Some(ServerTls {
-            cert: certs.server_cert(),
-            key: certs.server_key(),
-            ca: certs.ca(),
-            require_client_cert,
-        }),
-        ..RedisServerOptions::default()
-    })
-    .expect("start a TLS redis-server")
-}
-
 fn path(p: std::path::PathBuf) -> String {
     p.to_str().unwrap().to_owned()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn worker_and_submit_over_rediss_with_a_ca_file() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, false);
     let url = server.url();
     assert!(url.starts_with("rediss://"));
@@ -121,7 +102,9 @@ async fn worker_and_submit_over_rediss_with_a_ca_file() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mutual_tls_worker_and_client() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, true);
     let url = server.url();
     let (ca, cert, key) = (
@@ -174,7 +157,9 @@ async fn mutual_tls_worker_and_client() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_worker_with_a_wrong_ca_says_the_tls_handshake_failed() {
-    let Some(certs) = certs() else { return };
+    let Some(certs) = TestCerts::or_skip() else {
+        return;
+    };
     let server = tls_server(&certs, false);
     let other = path(certs.other_ca());
     let w = WorkerProc::start(&server.url(), "tls-wrong-ca", &["--redis-ca", &other]);

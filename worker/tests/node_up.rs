@@ -71,7 +71,7 @@ fn a_private_redis_dies_with_up_even_when_up_is_killed_outright() {
     if !std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
         .any(|d| d.join("setpriv").is_file())
     {
-        forkbox_queue::skip::skipped(
+        forkbox_testkit::skipped(
             "no setpriv (util-linux) in PATH to tie redis-server's life to up's",
         );
         return;
@@ -243,7 +243,7 @@ fn up_demo_prints_a_table_of_results_and_stops() {
         assert_eq!(row("python3"), "ok", "{stdout}");
         assert_eq!(row("humaneval"), "ok", "{stdout}");
     } else {
-        forkbox_queue::skip::skipped("python3 rows (no /usr/bin/python3 on this host)");
+        forkbox_testkit::skipped("python3 rows (no /usr/bin/python3 on this host)");
     }
 }
 
@@ -443,7 +443,7 @@ fn descendants(root: u32) -> Vec<u32> {
 #[test]
 fn own_redis_is_closed_to_other_local_users() {
     if !nix::unistd::geteuid().is_root() || !have("/usr/sbin/runuser") && !have("/sbin/runuser") {
-        forkbox_queue::skip::skipped("needs root and runuser to act as nobody");
+        forkbox_testkit::skipped("needs root and runuser to act as nobody");
         return;
     }
     let mut up = Command::new(BIN)

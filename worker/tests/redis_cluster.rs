@@ -10,7 +10,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use forkbox_queue::redis::{self, AsyncCommands};
-use forkbox_queue::{Broker, Endpoint, Job, Queue, QueueConfig, RedisCluster, RedisServer};
+use forkbox_queue::{Broker, Endpoint, Job, Queue, QueueConfig};
+use forkbox_testkit::{RedisCluster, RedisServer};
 use node_support::*;
 
 const LIMIT: Duration = Duration::from_secs(180);

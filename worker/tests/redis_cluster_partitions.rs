@@ -11,7 +11,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use forkbox_queue::redis::{self, AsyncCommands};
-use forkbox_queue::{Broker, Endpoint, Job, Partitioned, QueueConfig, RedisCluster};
+use forkbox_queue::{Broker, Endpoint, Job, Partitioned, QueueConfig};
+use forkbox_testkit::RedisCluster;
 use node_support::*;
 
 const LIMIT: Duration = Duration::from_secs(300);

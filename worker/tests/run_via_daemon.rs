@@ -85,7 +85,7 @@ fn run_uses_a_running_daemon_unless_told_not_to() {
 #[test]
 fn a_socket_served_by_another_user_is_refused() {
     if !is_root() {
-        forkbox_queue::skip::skipped("serving a socket as another user needs root");
+        forkbox_testkit::skipped("serving a socket as another user needs root");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -124,7 +124,7 @@ fn available() -> Vec<&'static Runtime> {
             "runtimes required but missing: {}; `make deps` installs them",
             missing.join(", ")
         );
-        forkbox_queue::skip::skipped(format!("runtime rows {}", missing.join(", ")));
+        forkbox_testkit::skipped(format!("runtime rows {}", missing.join(", ")));
     }
     rows
 }
@@ -243,9 +243,7 @@ fn memory_hogs_end_as_memory_limit() {
         for (program, script) in hogs {
             if !installed(program) {
                 assert!(!runtimes_required(), "{program} required but missing");
-                forkbox_queue::skip::skipped(format!(
-                    "{program} memory hog ({program} not installed)"
-                ));
+                forkbox_testkit::skipped(format!("{program} memory hog ({program} not installed)"));
                 continue;
             }
             let ran = run_past_emulator_crashes(

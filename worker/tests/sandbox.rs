@@ -218,7 +218,7 @@ if __name__ == "__main__":
             let (concurrency, numpy) = ran.stdout().split_once('\n').unwrap_or_default();
             assert_eq!(concurrency, "4950 285 sub 42 140", "{who:?} warm={warm}");
             if numpy == "no numpy\n" {
-                forkbox_queue::skip::skipped(
+                forkbox_testkit::skipped(
                     "numpy is not importable in the sandbox (make deps installs python3-numpy)",
                 );
             } else {
@@ -649,7 +649,7 @@ fn collect_reads_at_most_the_cap_and_flags_it() {
 #[test]
 fn submounts_of_allowlisted_directories_are_read_only() {
     if !is_root() {
-        forkbox_queue::skip::skipped("mounting a tmpfs needs host root");
+        forkbox_testkit::skipped("mounting a tmpfs needs host root");
         return;
     }
     // Not under /tmp, which is the job's own disk inside.
@@ -745,7 +745,7 @@ fn output_is_exact_through_pipes_and_shown_on_a_terminal() {
         assert_eq!(out.stderr, b"\x1b]0;t\x07", "{who:?}");
     }
     if Command::new("script").arg("--version").output().is_err() {
-        forkbox_queue::skip::skipped("terminal variant (no `script` to give forkbox a terminal)");
+        forkbox_testkit::skipped("terminal variant (no `script` to give forkbox a terminal)");
         return;
     }
     let on_terminal = |extra: &str| {
@@ -1593,7 +1593,7 @@ async fn no_network_namespace_is_handed_to_a_second_sandbox() {
         let labels = noisy["after"]["ip6_flowlabel"].as_str().unwrap();
         assert!(labels.contains("12345"), "{labels}");
     } else {
-        forkbox_queue::skip::skipped(format!("IPv6 flow labels ({})", noisy["flowlabel"]));
+        forkbox_testkit::skipped(format!("IPv6 flow labels ({})", noisy["flowlabel"]));
     }
     // Every later job, quiet or noisy, starts in a namespace of its own, as pristine as the
     // first, and can bind the port left in TIME_WAIT without SO_REUSEADDR.
@@ -2121,7 +2121,7 @@ fn failed_isolation_step_fails_closed() {
         .unwrap()
         .1;
     if hard >= 1 << 20 {
-        forkbox_queue::skip::skipped(format!(
+        forkbox_testkit::skipped(format!(
             "fail-closed rlimit check (host NOFILE hard limit {hard} is at the job maximum)"
         ));
         return;

@@ -133,7 +133,7 @@ fn node_and_go_threads_and_children_still_work() {
     let node = Path::new("/usr/bin/node").exists();
     let go = Path::new("/usr/bin/go").exists();
     if !node || !go {
-        forkbox_queue::skip::skipped(format!("node or go missing (node {node}, go {go})"));
+        forkbox_testkit::skipped(format!("node or go missing (node {node}, go {go})"));
         return;
     }
     // libuv's thread pool and worker threads, and the Go runtime's threads, start through
@@ -561,7 +561,7 @@ fn host_priority(pid: i32) -> (String, i32) {
 #[test]
 fn autogroup_and_priority_writes_reach_only_the_jobs_own_processes() {
     if !Path::new("/proc/self/autogroup").exists() {
-        forkbox_queue::skip::skipped("the kernel has no autogroups");
+        forkbox_testkit::skipped("the kernel has no autogroups");
         return;
     }
     // Every process the job can see, and every way of naming them.

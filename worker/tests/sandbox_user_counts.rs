@@ -103,9 +103,7 @@ fn descriptors_a_job_keeps_in_flight_never_stop_the_next_sandbox() {
         check("root");
         check("nobody");
     } else {
-        forkbox_queue::skip::skipped(
-            "needs root to run forkbox as root and as nobody through runuser",
-        );
+        forkbox_testkit::skipped("needs root to run forkbox as root and as nobody through runuser");
     }
 }
 
@@ -153,7 +151,7 @@ int main(int argc, char **argv) {
 #[test]
 fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() {
     if !is_root() {
-        forkbox_queue::skip::skipped("needs root: rootless, the node and its jobs are one user");
+        forkbox_testkit::skipped("needs root: rootless, the node and its jobs are one user");
         return;
     }
     let max: u64 = std::fs::read_to_string("/proc/sys/fs/epoll/max_user_watches")
@@ -163,7 +161,7 @@ fn a_job_holding_every_epoll_watch_of_its_user_does_not_stop_the_next_sandbox() 
         .unwrap();
     // About 200 bytes of kernel memory per watch: past 12 million, filling them takes GiBs.
     if max > 12_000_000 {
-        forkbox_queue::skip::skipped(format!(
+        forkbox_testkit::skipped(format!(
             "fs.epoll.max_user_watches is {max}: filling it would take over 2 GiB of kernel memory"
         ));
         return;
@@ -384,9 +382,7 @@ fn signals_timers_and_message_queues_of_a_job_leave_the_host_users_own() {
         check_counts("root");
         check_counts("nobody");
     } else {
-        forkbox_queue::skip::skipped(
-            "needs root to run forkbox as root and as nobody through runuser",
-        );
+        forkbox_testkit::skipped("needs root to run forkbox as root and as nobody through runuser");
     }
 }
 
@@ -400,7 +396,7 @@ print(json.dumps({n: open("/proc/sys/user/" + n).read().strip() for n in sorted(
 "#;
     let whos: &[&str] = if is_root() { &["root", "nobody"] } else { &[] };
     if whos.is_empty() {
-        forkbox_queue::skip::skipped("needs root to run forkbox as root and as nobody");
+        forkbox_testkit::skipped("needs root to run forkbox as root and as nobody");
     }
     for who in whos {
         let out = forkbox_run(who, &["--", "python3", "-c", program])

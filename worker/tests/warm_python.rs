@@ -428,7 +428,7 @@ async fn humaneval_programs_give_the_same_results_warm_and_cold() {
         .map(std::path::PathBuf::from)
         .filter(|p| p.exists())
     else {
-        forkbox_queue::skip::skipped(
+        forkbox_testkit::skipped(
             "FORKBOX_HUMANEVAL is not set or absent (the Makefile exports it)",
         );
         return;
@@ -455,7 +455,7 @@ async fn numpy_preloaded_is_reseeded_for_each_warm_job() {
             "numpy is not importable by {} (make deps installs python3-numpy)",
             settings.executable.display()
         );
-        forkbox_queue::skip::skipped(format!(
+        forkbox_testkit::skipped(format!(
             "numpy is not importable by {}",
             settings.executable.display()
         ));

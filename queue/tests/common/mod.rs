@@ -3,9 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use forkbox_queue::{
-    Broker, Delivery, JobResult, Outcome, Queue, QueueConfig, RedisServer, Status,
-};
+use forkbox_queue::{Broker, Delivery, JobResult, Outcome, Queue, QueueConfig, Status};
+use forkbox_testkit::RedisServer;
 
 pub async fn server_and_queue(config: QueueConfig) -> (RedisServer, Queue) {
     let server = RedisServer::start().expect("start redis-server");

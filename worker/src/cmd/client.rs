@@ -18,8 +18,8 @@ use forkbox_queue::{
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
-use forkbox::node::config::redact;
 use forkbox::node::config::{self, check_redis_url};
+use forkbox_queue::connect::without_password;
 
 use super::opts::{JobArgs, RedisTlsOpts};
 use super::run::print_outcome;
@@ -407,7 +407,7 @@ fn no_worker_hint(q: &Partitioned, redis: &str) -> String {
         "no worker is serving queue {} on {} (no live heartbeat); the job waits until one \
          starts (forkbox worker --queues {}), or check the queue name",
         q.name(),
-        redact(redis),
+        without_password(redis),
         q.name()
     )
 }
@@ -792,7 +792,7 @@ fn resume_command(args: &BatchWaitArgs) -> String {
     let c = &args.client;
     let mut cmd = format!("forkbox batch wait {}", args.batch);
     if c.redis != config::DEFAULT_REDIS_URL {
-        cmd += &format!(" --redis '{}'", redact(&c.redis));
+        cmd += &format!(" --redis '{}'", without_password(&c.redis));
     }
     if c.cluster {
         cmd += " --cluster";

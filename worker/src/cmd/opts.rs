@@ -15,7 +15,7 @@ use serde::Deserialize;
 ///
 /// The job maximums: a job asking for more is `invalid`, its error naming the field and the
 /// maximum. Unset, they keep the built-in maximums (`JobCeilings::default`).
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Args, Deserialize)]
 pub struct SandboxOpts {
     /// Use this unpacked root filesystem instead of the host allowlist.
     #[arg(long, value_name = "DIR")]
@@ -180,44 +180,10 @@ impl SandboxOpts {
 
 impl SandboxOpts {
     /// Whether none of these options is set (from the command line or the environment): a
-    /// running daemon's engine then serves as well as one of our own.
+    /// running daemon's engine then serves as well as one of our own. Every field is compared,
+    /// a new one included, so only [`SandboxOpts::over`] lists the fields.
     pub fn is_unset(&self) -> bool {
-        let SandboxOpts {
-            rootfs,
-            allow,
-            allow_only,
-            shared_net,
-            network_default,
-            python_preload,
-            max_timeout_ms,
-            max_memory_mb,
-            max_pids,
-            max_cpu_ms,
-            max_output_bytes,
-            max_disk_mb,
-            max_file_size_mb,
-            max_open_files,
-            max_collect_bytes,
-        } = self;
-        rootfs.is_none()
-            && allow.is_none()
-            && allow_only.is_none()
-            && !shared_net
-            && network_default.is_none()
-            && python_preload.is_none()
-            && [
-                max_timeout_ms,
-                max_memory_mb,
-                max_pids,
-                max_cpu_ms,
-                max_output_bytes,
-                max_disk_mb,
-                max_file_size_mb,
-                max_open_files,
-                max_collect_bytes,
-            ]
-            .iter()
-            .all(|v| v.is_none())
+        *self == SandboxOpts::default()
     }
 
     /// The error of an engine that did not start, with the reason when mode bits on the way
@@ -491,6 +457,33 @@ pub fn start_engine(slots: usize, opts: &SandboxOpts) -> anyhow::Result<Engine> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Any option set, from a flag or the environment, means the daemon's engine will not do.
+    #[test]
+    fn options_are_unset_only_when_none_is_given() {
+        assert!(SandboxOpts::default().is_unset());
+        let set = [
+            SandboxOpts {
+                shared_net: true,
+                ..SandboxOpts::default()
+            },
+            SandboxOpts {
+                allow: Some(vec![PathBuf::from("/opt")]),
+                ..SandboxOpts::default()
+            },
+            SandboxOpts {
+                network_default: Some(Network::None),
+                ..SandboxOpts::default()
+            },
+            SandboxOpts {
+                max_collect_bytes: Some(1),
+                ..SandboxOpts::default()
+            },
+        ];
+        for opts in set {
+            assert!(!opts.is_unset(), "{opts:?}");
+        }
+    }
 
     #[test]
     fn allow_entries_are_existing_directories_below_the_root() {

@@ -24,11 +24,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use forkbox_queue::{FileData, Job, JobResult, QueueConfig, RedisServer, RedisServerOptions};
+use forkbox_private_redis::{RedisServer, RedisServerOptions};
+use forkbox_queue::{FileData, Job, JobResult, QueueConfig};
 
-use forkbox::node::config::redact;
 use forkbox::node::config::{self, NodeConfig};
 use forkbox::node::{Node, StopHandle, StopLevel};
+use forkbox_queue::connect::without_password;
 
 use super::opts::{start_engine, RedisTlsOpts, SandboxOpts};
 use super::terminal::{for_stderr, for_stdout};
@@ -98,7 +99,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
                 "forkbox up: no Redis answers at {}; starting a private redis-server instead \
                  (its jobs and results are gone when up stops; give --own-redis to skip this \
                  check, or start Redis there and run up again to use it)",
-                redact(&args.redis)
+                without_password(&args.redis)
             );
         }
         // Started from the main thread, which lives as long as we do: the server dies with us
@@ -106,7 +107,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
         let options = RedisServerOptions {
             die_with_parent: true,
             port: args.port,
-            password: Some(forkbox_queue::random_password()),
+            password: Some(forkbox_private_redis::random_password()),
             ..RedisServerOptions::default()
         };
         let server = RedisServer::start_with(options).context(
@@ -249,7 +250,7 @@ fn print_banner(
     println!("forkbox up: worker {name} with {slots} slot(s) on queue {queue}");
     println!(
         "  redis:   {}{}",
-        redact(url),
+        without_password(url),
         if private.is_some() {
             "  (private redis-server with a password; it stops with this node)"
         } else {

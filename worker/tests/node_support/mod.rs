@@ -10,7 +10,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use forkbox_queue::redis;
-use forkbox_queue::{Broker, Queue, QueueConfig, RedisServer};
+use forkbox_queue::{Broker, Queue, QueueConfig};
+use forkbox_testkit::RedisServer;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
 

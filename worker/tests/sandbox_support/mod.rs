@@ -65,7 +65,7 @@ pub fn identities() -> Vec<Identity> {
     if is_root() {
         vec![Identity::Root, Identity::Unprivileged]
     } else {
-        forkbox_queue::skip::skipped(format!(
+        forkbox_testkit::skipped(format!(
             "root variant (tests run as uid {})",
             nix::unistd::Uid::effective()
         ));

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
-use forkbox_queue::{redis, Job, Queue, QueueConfig, RedisServer, Status};
+use forkbox_private_redis::RedisServer;
+use forkbox_queue::{redis, Job, Queue, QueueConfig, Status};
 use serde::Serialize;
 
 use forkbox::node::{Node, NodeConfig, StopHandle, StopLevel};

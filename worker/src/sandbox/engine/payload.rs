@@ -4,33 +4,29 @@
 use std::io::{Seek, Write};
 use std::os::fd::OwnedFd;
 
-use forkbox_queue::schema::Job;
+use forkbox_queue::schema::{exec_footprint, Job};
 
 use super::defaults::DEFAULT_PATH;
 use super::run_error::RunError;
 
-/// What argv and the whole environment take at exec (strings, NULs, one pointer each).
+/// What argv and the whole environment take at exec, counted by the protocol's rule.
 pub(super) fn exec_bytes(job: &Job, work_dir: &str) -> usize {
-    let ptr = std::mem::size_of::<usize>();
-    let env: usize = job_env(job, work_dir)
-        .iter()
-        .map(|(k, v)| k.len() + v.len() + 2 + ptr)
-        .sum();
-    let args: usize = job.command().iter().map(|a| a.len() + 1 + ptr).sum();
-    args + env
+    let command = job.command();
+    let env = job_env(job, work_dir);
+    exec_footprint(
+        command.iter().map(String::as_str),
+        env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+    )
 }
 
 /// The kernel's bound on argv and environment at exec for a process with our stack rlimit
-/// (the sandbox inherits it): a quarter of the soft limit, at least 128 KiB (`ARG_MAX`), at
-/// most three quarters of 8 MiB (`_STK_LIM`).
+/// (the sandbox inherits it); the rule is the protocol's
+/// [`forkbox_queue::schema::exec_args_limit`].
 pub(super) fn exec_args_limit() -> usize {
-    const ARG_MAX: u64 = 128 * 1024;
-    const STK_LIM: u64 = 8 * 1024 * 1024;
     let soft = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_STACK)
         .map(|(soft, _)| soft)
-        .unwrap_or(STK_LIM);
-    let limit = (STK_LIM / 4 * 3).min(soft / 4).max(ARG_MAX);
-    usize::try_from(limit).unwrap_or(usize::MAX)
+        .unwrap_or(8 * 1024 * 1024);
+    forkbox_queue::schema::exec_args_limit(soft)
 }
 
 /// The clean environment of a job: defaults, then the job's own variables.

@@ -473,7 +473,7 @@ mod tests {
         );
         match p.delegation {
             Delegation::Unavailable(reason) => {
-                forkbox_queue::skip::skipped(format!("cgroup v2 delegation on this host: {reason}"))
+                forkbox_testkit::skipped(format!("cgroup v2 delegation on this host: {reason}"))
             }
             Delegation::Delegated(dir) => {
                 // Only create and remove a scratch child: the node's own placement is not ours

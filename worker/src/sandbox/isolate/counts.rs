@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn every_count_of_this_kernel_is_listed() {
         let Ok(dir) = std::fs::read_dir("/proc/sys/user") else {
-            forkbox_queue::skip::skipped("no /proc/sys/user on this host");
+            forkbox_testkit::skipped("no /proc/sys/user on this host");
             return;
         };
         for entry in dir.flatten() {

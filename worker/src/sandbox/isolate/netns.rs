@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn a_namespace_with_a_socket_left_in_it_is_dropped_and_an_empty_one_kept() {
         if !nix::unistd::Uid::effective().is_root() {
-            forkbox_queue::skip::skipped("network namespaces need root for this unit test");
+            forkbox_testkit::skipped("network namespaces need root for this unit test");
             return;
         }
         // A thread of its own: the network namespace is per thread, and this one goes home.

@@ -72,14 +72,14 @@ pub struct RedisServerOptions {
     /// not outlive an owner killed outright (`setpriv --pdeathsig KILL`, from util-linux, when
     /// it is installed). Only for a thread that lives as long as its process, such as `main`:
     /// the signal follows the thread, not the process. The temporary data directory is then
-    /// named after this process too ([`crate::owner`]), and those such owners that are gone
+    /// named after this process too ([`forkbox_queue::owner`]), and those such owners that are gone
     /// left behind (their `Drop` never ran) are removed first.
     pub die_with_parent: bool,
     /// Listen on this port instead of a free one (a port that is taken is then an error).
     pub port: Option<u16>,
     /// Run as a Redis Cluster node (`cluster-enabled yes`, its cluster bus on a second free
     /// port) with this node timeout in milliseconds: how long a silent peer takes to be marked
-    /// failed, and so most of a failover's duration. See [`crate::RedisCluster`].
+    /// failed, and so most of a failover's duration. See `forkbox_testkit::RedisCluster`.
     pub cluster_node_timeout_ms: Option<u64>,
     /// Require this password (`requirepass`), so that other local users, who can reach any
     /// loopback port, can neither read nor write the data. [`random_password`] makes one.
@@ -170,11 +170,12 @@ impl RedisServer {
             None => {
                 let prefix = if options.die_with_parent {
                     // Their servers died with their owners.
-                    for dir in crate::owner::abandoned(&std::env::temp_dir(), &options.temp_prefix)
+                    for dir in
+                        forkbox_queue::owner::abandoned(&std::env::temp_dir(), &options.temp_prefix)
                     {
                         let _ = std::fs::remove_dir_all(dir);
                     }
-                    format!("{}{}-", options.temp_prefix, crate::owner::tag())
+                    format!("{}{}-", options.temp_prefix, forkbox_queue::owner::tag())
                 } else {
                     options.temp_prefix.clone()
                 };

@@ -1,14 +1,18 @@
 //! A certificate authority and the certificates a TLS test needs, made on the spot.
 //!
-//! Tests of `rediss://` run a [`RedisServer`](crate::RedisServer) that speaks TLS only, with a
+//! Tests of `rediss://` run a [`RedisServer`] that speaks TLS only ([`tls_server`]), with a
 //! server certificate for `127.0.0.1` and `localhost` signed by a fresh CA, a client
 //! certificate signed by the same CA (mutual TLS), and a second, unrelated CA (the wrong one).
 //! They are made with the `openssl` command-line tool, so nothing in the build links OpenSSL;
 //! [`TestCerts::make`] fails with [`TestCertsError::Openssl`] naming the step when the tool is
-//! missing, and the callers report the test skipped.
+//! missing, and [`TestCerts::or_skip`] reports the test skipped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use forkbox_private_redis::{RedisServer, RedisServerOptions, ServerTls};
+
+use crate::skip::skipped;
 
 /// Why the certificates could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +52,23 @@ impl TestCerts {
         )?;
         certs.make_leaf("client", "forkbox client", "extendedKeyUsage=clientAuth")?;
         Ok(certs)
+    }
+
+    /// The certificates, or `None` after reporting the test skipped (no `openssl` tool).
+    pub fn or_skip() -> Option<TestCerts> {
+        TestCerts::make()
+            .map_err(|e| skipped(format!("TLS tests: {e}")))
+            .ok()
+    }
+
+    /// A server's TLS side with these certificates, requiring client certificates or not.
+    pub fn server_tls(&self, require_client_cert: bool) -> ServerTls {
+        ServerTls {
+            cert: self.server_cert(),
+            key: self.server_key(),
+            ca: self.ca(),
+            require_client_cert,
+        }
     }
 
     pub fn dir(&self) -> &Path {
@@ -151,6 +172,15 @@ impl TestCerts {
             ],
         )
     }
+}
+
+/// A `redis-server` that speaks TLS only, with `certs`' server certificate.
+pub fn tls_server(certs: &TestCerts, require_client_cert: bool) -> RedisServer {
+    RedisServer::start_with(RedisServerOptions {
+        tls: Some(certs.server_tls(require_client_cert)),
+        ..RedisServerOptions::default()
+    })
+    .expect("start a TLS redis-server")
 }
 
 fn openssl(step: &'static str, dir: &Path, args: &[&str]) -> Result<(), TestCertsError> {
