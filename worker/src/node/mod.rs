@@ -46,6 +46,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod preflight;
 pub mod reader;
+pub mod seam;
 pub mod shared;
 pub mod stop;
 pub mod upkeep;
