@@ -38,12 +38,16 @@ pub mod cancel;
 pub mod config;
 pub mod disposition;
 pub mod error;
+#[cfg(test)]
+mod fake;
 pub mod gate;
 pub mod health;
 pub mod held;
 pub mod job;
 pub mod metrics;
 pub mod outbox;
+#[cfg(test)]
+mod path_test;
 pub mod preflight;
 pub mod reader;
 pub mod seam;

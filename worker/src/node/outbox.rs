@@ -541,3 +541,169 @@ fn as_letter(f: &Finished) -> (&Delivery, Status, &str) {
         Action::Complete(_) => unreachable!("sorted by action"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use forkbox_queue::Outcome;
+
+    use super::*;
+    use crate::node::fake::{delivery, Asked, FakeQueue};
+    use crate::node::stop::StopHandle;
+
+    fn result(d: &Delivery) -> JobResult {
+        JobResult::new(
+            d.id.clone(),
+            Outcome::not_run(Status::Ok, ""),
+            1,
+            "n".to_owned(),
+        )
+    }
+
+    fn outbox(queue: &Arc<FakeQueue>, read_with: Option<ReadWith>) -> (Outbox, Completer) {
+        start(
+            queue.clone(),
+            "n".to_owned(),
+            Arc::new(Held::default()),
+            Arc::new(RedisHealth::default()),
+            read_with,
+        )
+    }
+
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..400 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("never: {what}");
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_keeps_the_hold_until_the_result_is_stored() {
+        let queue = FakeQueue::with([]);
+        queue.fail_completes(2);
+        let pool = SlotPool::new(1, 0);
+        let Permits { admission, hold } = pool.take_free().await.pop().unwrap();
+        drop(admission);
+        let (outbox, mut completer) = outbox(&queue, None);
+        let d = delivery("a", "ok", 1);
+        outbox.complete(d.clone(), result(&d), hold);
+        // Redis is away: the result waits, and so does its hold.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(queue.asked().is_empty());
+        assert_eq!(pool.free_holds(), 1);
+        until("stored", || !queue.asked().is_empty()).await;
+        assert_eq!(queue.asked(), [Asked::Stored("a".into(), Status::Ok)]);
+        assert_eq!(pool.free_holds(), 2);
+        drop(outbox);
+        completer.wait().await;
+    }
+
+    #[tokio::test]
+    async fn a_refused_batch_is_stored_one_by_one_and_the_refused_result_dead_lettered() {
+        let queue = FakeQueue::with([]);
+        queue.refuse("b");
+        let pool = SlotPool::new(2, 0);
+        let (outbox, mut completer) = outbox(&queue, None);
+        // Sent before the completer runs: one batch.
+        for (id, p) in ["a", "b"].into_iter().zip(pool.take_free().await) {
+            let d = delivery(id, "ok", 1);
+            outbox.complete(d.clone(), result(&d), p.hold);
+        }
+        drop(outbox);
+        completer.wait().await;
+        let asked = queue.asked();
+        assert_eq!(asked.len(), 2, "{asked:?}");
+        assert_eq!(asked[0], Asked::Stored("a".into(), Status::Ok));
+        let Asked::DeadLettered(id, status, reason) = &asked[1] else {
+            panic!("{asked:?}");
+        };
+        assert_eq!((id.as_str(), *status), ("b", Status::Error));
+        assert!(
+            reason.starts_with("Redis refused to store the result"),
+            "{reason}"
+        );
+        assert_eq!(pool.free_holds(), 4);
+    }
+
+    #[tokio::test]
+    async fn what_redis_never_stores_is_listed_when_the_completer_is_stopped() {
+        let queue = FakeQueue::with([]);
+        queue.fail_completes(usize::MAX);
+        let pool = SlotPool::new(1, 0);
+        let (outbox, completer) = outbox(&queue, None);
+        let d = delivery("a", "ok", 1);
+        outbox.complete(
+            d.clone(),
+            result(&d),
+            pool.take_free().await.pop().unwrap().hold,
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(completer.abort(), [("q".to_owned(), "a".to_owned())]);
+    }
+
+    fn read_with(
+        pool: &SlotPool,
+        gate: &Arc<ReadGate>,
+    ) -> (ReadWith, mpsc::UnboundedReceiver<ReadBack>) {
+        let (to, back) = mpsc::unbounded_channel();
+        let with = ReadWith {
+            gate: gate.clone(),
+            slots: pool.clone(),
+            to,
+        };
+        (with, back)
+    }
+
+    #[tokio::test]
+    async fn a_completion_reads_the_next_entry_with_its_admission_and_hands_it_to_the_reader() {
+        let queue = FakeQueue::with([delivery("next", "ok", 1)]);
+        let pool = SlotPool::new(1, 0);
+        let stop = StopHandle::default();
+        let gate = Arc::new(ReadGate::new(stop.subscribe()));
+        gate.reclaim_at(Instant::now() + Duration::from_secs(3600));
+        let (with, mut back) = read_with(&pool, &gate);
+        let (outbox, _completer) = outbox(&queue, Some(with));
+        let Permits { admission, hold } = pool.take_free().await.pop().unwrap();
+        let d = delivery("done", "ok", 1);
+        outbox.complete_reading(d.clone(), result(&d), hold, Some(admission));
+        let read = back.recv().await.expect("an entry read");
+        assert_eq!(read.delivery.id, "next");
+        assert_eq!(queue.asked(), [Asked::Stored("done".into(), Status::Ok)]);
+        // Its permits came with it: none free until the reader lets go of them.
+        assert_eq!((pool.free_admissions(), pool.free_holds()), (0, 1));
+        drop(read);
+        assert_eq!((pool.free_admissions(), pool.free_holds()), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn a_completion_does_not_read_when_a_reclaim_is_due_or_the_node_stops() {
+        for stopping in [false, true] {
+            let queue = FakeQueue::with([delivery("next", "ok", 1)]);
+            let pool = SlotPool::new(1, 0);
+            let stop = StopHandle::default();
+            let gate = Arc::new(ReadGate::new(stop.subscribe()));
+            if stopping {
+                gate.reclaim_at(Instant::now() + Duration::from_secs(3600));
+                stop.raise(StopLevel::Drain);
+            } else {
+                gate.reclaim_at(Instant::now());
+            }
+            let (with, mut back) = read_with(&pool, &gate);
+            let (outbox, mut completer) = outbox(&queue, Some(with));
+            let Permits { admission, hold } = pool.take_free().await.pop().unwrap();
+            let d = delivery("done", "ok", 1);
+            outbox.complete_reading(d.clone(), result(&d), hold, Some(admission));
+            drop(outbox);
+            completer.wait().await;
+            assert_eq!(queue.asked(), [Asked::Stored("done".into(), Status::Ok)]);
+            assert!(back.try_recv().is_err(), "read while it must not");
+            assert_eq!(queue.read_with_completions(), 0);
+            // The admission went back to the pool for the reader.
+            assert_eq!((pool.free_admissions(), pool.free_holds()), (1, 2));
+        }
+    }
+}

@@ -114,14 +114,13 @@ impl Node {
             config.prefetch,
             endpoint,
         );
-        let parts = Parts::new(
-            config,
-            set.clone(),
-            runner,
-            health.clone(),
-            &stop_rx,
-            sandbox,
-        );
+        // One stream: completions read the next entries for the slots they free (several
+        // streams are read by priority and in turn, which only the reader knows). On a
+        // cluster the completion script itself reads, one completion at a time.
+        let reads_with_completions = set.queues().len() == 1;
+        let queue: Arc<dyn JobQueue> = Arc::new(set.clone());
+        let path = (queue, runner, reads_with_completions);
+        let parts = Parts::new(config, path, health.clone(), &stop_rx, sandbox);
         start_beside(&parts.shared, &set, &broker, &mut background);
         let on_ready = move || on_ready(metrics_addr);
         let (shared, outbox, completer, stopped_reading) =
@@ -243,31 +242,28 @@ async fn open_queues(broker: &Broker, config: &NodeConfig) -> Result<QueueSet, N
 }
 
 /// The parts of a job's path, built and not yet started.
-struct Parts {
-    shared: Arc<Shared>,
+pub(crate) struct Parts {
+    pub(crate) shared: Arc<Shared>,
     /// The dispatcher's end of the admitted deliveries.
     waiting: mpsc::UnboundedReceiver<crate::node::shared::Queued>,
 }
 
 impl Parts {
     /// The state the parts share.
-    fn new(
+    /// `path` is the node's queues, its runner and whether completions read.
+    pub(crate) fn new(
         config: NodeConfig,
-        set: QueueSet,
-        runner: Arc<dyn Runner>,
+        path: (Arc<dyn JobQueue>, Arc<dyn Runner>, bool),
         health: Arc<RedisHealth>,
         stop: &watch::Receiver<StopLevel>,
         sandbox: SandboxWatch,
     ) -> Parts {
-        // One stream: completions read the next entries for the slots they free (several
-        // streams are read by priority and in turn, which only the reader knows). On a
-        // cluster the completion script itself reads, one completion at a time.
-        let reads_with_completions = set.queues().len() == 1;
+        let (queue, runner, reads_with_completions) = path;
         let (busy, _) = watch::channel(0usize);
         let (queued, waiting) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             name: config.name.clone(),
-            queue: Arc::new(set) as Arc<dyn JobQueue>,
+            queue,
             runner,
             held: Arc::new(Held::default()),
             board: Arc::new(CancelBoard::default()),
@@ -291,7 +287,7 @@ impl Parts {
 
     /// Starts the job's path: the outbox, the dispatcher and the reader. Returns the, the node's outbox handle, the completer, and word of the reader once
     /// it reads no more.
-    fn start_path(
+    pub(crate) fn start_path(
         self,
         on_ready: impl FnOnce() + Send + 'static,
         background: &mut Vec<JoinHandle<()>>,
@@ -350,7 +346,7 @@ fn start_beside(
 
 /// Waits for the job tasks within what is left of the grace period, then kills what still
 /// runs and waits for those.
-async fn wait_for_jobs(shared: &Shared, stop: &StopHandle, drain_started: Instant) {
+pub(crate) async fn wait_for_jobs(shared: &Shared, stop: &StopHandle, drain_started: Instant) {
     let mut stop_rx = shared.life.stop.clone();
     let mut busy = shared.life.busy.subscribe();
     let unfinished = *busy.borrow();
@@ -378,7 +374,7 @@ async fn wait_for_jobs(shared: &Shared, stop: &StopHandle, drain_started: Instan
 /// Stores what finished, within what is left of the grace period (at least a second): a Redis
 /// that is away does not hold the exit up past it. Every job task is done by now, their outbox
 /// handles dropped with them. Returns the `(queue, job id)` of what was not stored.
-async fn flush(
+pub(crate) async fn flush(
     config: &NodeConfig,
     mut completer: Completer,
     drain_started: Instant,
