@@ -13,7 +13,8 @@ use forkbox_queue::{
 };
 use tokio::sync::Semaphore;
 
-use crate::node::seam::{Boxed, CompleteAndRead, JobQueue, Part, RunSlot, Runner};
+use crate::node::error::NodeFault;
+use crate::node::seam::{Boxed, CompleteAndRead, JobQueue, Part, Run, RunSlot, Runner};
 
 pub(crate) const QUEUE: &str = "q";
 
@@ -298,7 +299,8 @@ impl JobQueue for FakeQueue {
 }
 
 /// Runs jobs by their command: `ok` succeeds, `fail` exits 1, `setup` fails to set up
-/// (`error`), `wait` runs until cancelled. Counts what runs at once.
+/// (`error`), `short` fails to set up for want of the node's descriptors, `wait` runs until
+/// cancelled. Counts what runs at once.
 #[derive(Debug)]
 pub(crate) struct FakeRunner {
     slots: Arc<Semaphore>,
@@ -360,7 +362,7 @@ struct FakeSlot {
 }
 
 impl RunSlot for FakeSlot {
-    fn run<'a>(self: Box<Self>, job: &'a Job, cancel: Boxed<'a, ()>) -> Boxed<'a, Outcome> {
+    fn run<'a>(self: Box<Self>, job: &'a Job, cancel: Boxed<'a, ()>) -> Boxed<'a, Run> {
         Box::pin(async move {
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_running.fetch_max(now, Ordering::SeqCst);
@@ -371,17 +373,23 @@ impl RunSlot for FakeSlot {
             // Long enough for the other slots to fill.
             tokio::time::sleep(Duration::from_millis(2)).await;
             let cmd = job.cmd.clone().unwrap_or_default();
+            let mut fault = None;
             let outcome = match cmd.as_str() {
                 "ok" => ran(Status::Ok, 0),
                 "fail" => ran(Status::Failed, 1),
                 "setup" => Outcome::not_run(Status::Error, "chdir work: ENOENT"),
+                "short" => {
+                    fault = NodeFault::of(nix::errno::Errno::EMFILE);
+                    // The text names no errno: the fault is told by its type alone.
+                    Outcome::not_run(Status::Error, "sandbox set-up failed")
+                }
                 _ => {
                     cancel.await;
                     Outcome::not_run(Status::Cancelled, "cancelled")
                 }
             };
             self.running.fetch_sub(1, Ordering::SeqCst);
-            outcome
+            Run { outcome, fault }
         })
     }
 }

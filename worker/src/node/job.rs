@@ -23,10 +23,11 @@ use tokio::sync::{mpsc, Notify};
 use crate::node::admission::{Admission, Hold, Permits};
 use crate::node::cancel::Start;
 use crate::node::disposition::{disposition, Disposition, Ran, SandboxCheck};
-use crate::node::gate::{node_resource_error, Descriptors};
+use crate::node::error::NodeFault;
+use crate::node::gate::Descriptors;
 use crate::node::metrics as m;
 use crate::node::outbox::Outbox;
-use crate::node::seam::RunSlot;
+use crate::node::seam::{Run, RunSlot};
 use crate::node::shared::{Queued, Shared};
 use crate::node::stop::StopLevel;
 
@@ -78,6 +79,8 @@ struct JobTask {
 /// How a run went, as its disposition needs it.
 struct Finish {
     outcome: Outcome,
+    /// The node's fault, when the run's set-up failed for want of descriptors or memory.
+    fault: Option<NodeFault>,
     killed: bool,
     started_at_ms: u64,
     finished_at_ms: u64,
@@ -143,7 +146,10 @@ impl JobTask {
             outbox,
         } = self;
         let Finish {
-            outcome, killed, ..
+            outcome,
+            fault,
+            killed,
+            ..
         } = &finish;
         // The admission is kept until the sandbox is known to be alive: a run that failed
         // because the zygote died under it must not let the reader take another entry before
@@ -165,8 +171,7 @@ impl JobTask {
         // A set-up that failed for want of descriptors or memory is the node's fault: the job
         // is handed back uncharged and /healthz says so.
         let node_short = outcome.status == Status::Error
-            && (outcome.error.as_deref().is_some_and(node_resource_error)
-                || Descriptors::now().is_some_and(Descriptors::short));
+            && (fault.is_some() || Descriptors::now().is_some_and(Descriptors::short));
         if node_short {
             shared
                 .life
@@ -239,7 +244,7 @@ async fn execute(
             .record(started_at_ms.saturating_sub(enqueued) as f64 / 1e3);
     }
     let killed = AtomicBool::new(false);
-    let outcome = {
+    let Run { outcome, fault } = {
         let mut stop = shared.life.stop.clone();
         let killed = &killed;
         let cancel = async move {
@@ -262,6 +267,7 @@ async fn execute(
     record_run(&d.queue, &outcome);
     Finish {
         outcome,
+        fault,
         killed: killed.load(Ordering::Relaxed),
         started_at_ms,
         finished_at_ms,

@@ -246,3 +246,21 @@ async fn results_redis_never_takes_are_reported_unflushed_at_exit() {
     assert_eq!(unflushed, [("q".to_owned(), "a".to_owned())]);
     assert!(queue.asked().is_empty());
 }
+
+#[tokio::test]
+async fn a_set_up_the_node_failed_for_want_of_descriptors_is_handed_back_uncharged() {
+    // Its last allowed delivery: were it the job's fault, it would be dead-lettered.
+    let queue = FakeQueue::with([delivery("a", "short", 3), delivery("b", "ok", 1)]);
+    let runner = FakeRunner::new(1);
+    let path = Path::start(&queue, &runner, 1, 0, true);
+    let mut asked = queue.wait_asked(2).await;
+    let status = path.shared.life.sandbox.status.clone();
+    assert!(path.stop().await.is_empty());
+    asked.sort_by_key(|a| format!("{a:?}"));
+    assert_eq!(
+        asked,
+        [Asked::HandedBack("a".into()), stored("b", Status::Ok)]
+    );
+    // /healthz says why.
+    assert!(status.resource_fault.lock().unwrap().is_some());
+}

@@ -14,6 +14,7 @@ use std::pin::Pin;
 use forkbox_queue::{Completion, Delivery, Job, JobResult, Outcome, QueueError, QueueSet};
 use forkbox_queue::{Reclaimed, Status};
 
+use crate::node::error::NodeFault;
 use crate::sandbox::{Engine, Slot};
 
 /// A future the node awaits through a seam.
@@ -31,7 +32,15 @@ pub(crate) trait Runner: Send + Sync + 'static {
 pub(crate) trait RunSlot: Send {
     /// Runs `job` in this slot; when `cancel` completes first, the run is killed and its
     /// outcome is `cancelled`.
-    fn run<'a>(self: Box<Self>, job: &'a Job, cancel: Boxed<'a, ()>) -> Boxed<'a, Outcome>;
+    fn run<'a>(self: Box<Self>, job: &'a Job, cancel: Boxed<'a, ()>) -> Boxed<'a, Run>;
+}
+
+/// How a run ended: its outcome and, when its set-up failed for want of the host's
+/// descriptors or memory, that fault of the node.
+#[derive(Debug)]
+pub(crate) struct Run {
+    pub(crate) outcome: Outcome,
+    pub(crate) fault: Option<NodeFault>,
 }
 
 impl Runner for Engine {
@@ -57,9 +66,15 @@ struct EngineSlot {
 }
 
 impl RunSlot for EngineSlot {
-    fn run<'a>(self: Box<Self>, job: &'a Job, cancel: Boxed<'a, ()>) -> Boxed<'a, Outcome> {
+    fn run<'a>(self: Box<Self>, job: &'a Job, cancel: Boxed<'a, ()>) -> Boxed<'a, Run> {
         let EngineSlot { engine, slot } = *self;
-        Box::pin(async move { engine.run_in(slot, job, cancel, None).await })
+        Box::pin(async move {
+            let end = engine.run_in(slot, job, cancel, None).await;
+            Run {
+                outcome: end.outcome,
+                fault: end.setup_errno.and_then(NodeFault::of),
+            }
+        })
     }
 }
 

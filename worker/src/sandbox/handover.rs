@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use super::cgroup;
 use super::engine::{Engine, NEXT_REQ};
 use super::payload::pipe;
-use super::wire::{self, FromZygote, ToInit, ToZygote};
+use super::wire::{self, FromZygote, SetupError, ToInit, ToZygote};
 
 /// A job handed to a sandbox: its request, its events, and its cgroup if the engine placed it.
 pub(super) type Handed = (
@@ -34,7 +34,7 @@ impl Engine {
         timeout_ms: u64,
         limits: &EffectiveLimits,
         fds: [BorrowedFd<'_>; 5],
-    ) -> Result<Handed, String> {
+    ) -> Result<Handed, SetupError> {
         let inner = &self.inner;
         loop {
             let req = NEXT_REQ.fetch_add(1, Ordering::Relaxed);
@@ -67,7 +67,7 @@ impl Engine {
                 };
                 if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
                     unregister();
-                    return Err(format!("sending the job to the zygote: {e}"));
+                    return Err(SetupError::errno("sending the job to the zygote", e));
                 }
                 return Ok((req, events, None));
             };
@@ -90,7 +90,7 @@ impl Engine {
             };
             if let Err(e) = wire::send(inner.control.as_fd(), &started, &[notify_r.as_fd()]) {
                 unregister();
-                return Err(format!("telling the zygote about the job: {e}"));
+                return Err(SetupError::errno("telling the zygote about the job", e));
             }
             drop(notify_r);
             let cgroup = match self.place(req, &launcher.pids, limits) {
@@ -99,7 +99,7 @@ impl Engine {
                     // The sandbox may sit in a half-made cgroup: retire it, unused.
                     unregister();
                     self.send(ToZygote::Kill { req });
-                    return Err(e);
+                    return Err(SetupError::new(e));
                 }
             };
             let run = ToInit::Run {

@@ -60,7 +60,7 @@ pub mod zygote;
 
 pub use engine::{default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms};
 pub use output::{OutputChunk, OutputStream};
-pub use run::Slot;
+pub use run::{RunEnd, Slot};
 
 /// The job's working directory inside every sandbox (also its `HOME`).
 pub const DEFAULT_WORK_DIR: &str = "/work";

@@ -14,7 +14,7 @@ use forkbox_queue::schema::{
 
 use super::cgroup::Accounting;
 use super::limits::{self, MemoryEnforcement};
-use super::wire::{Exit, Fault, Report};
+use super::wire::{Exit, Fault, Report, SetupError};
 
 /// The kills the engine itself asked for during a run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -74,8 +74,15 @@ pub(super) const OOM_OUTSIDE_THE_LIMIT: &str =
     "killed by the kernel's OOM killer: the host (or the node's cgroup) ran out of memory, \
      not this job's memory limit";
 
+/// The set-up failure a run observed, if its sandbox reported one.
+pub(super) fn setup_error(seen: &Observed) -> Option<&SetupError> {
+    let report = seen.report.as_ref().and_then(|r| r.setup_error.as_ref());
+    report.or_else(|| seen.exit.as_ref().and_then(|e| e.error.as_ref()))
+}
+
 /// Folds what a run observed into its outcome.
 pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
+    let setup_error = setup_error(&seen).cloned();
     let Observed {
         report,
         exit,
@@ -85,10 +92,6 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         cpu_at_report_us,
         accounting,
     } = seen;
-    let setup_error = report
-        .as_ref()
-        .and_then(|r| r.setup_error.clone())
-        .or_else(|| exit.as_ref().and_then(|e| e.error.clone()));
     if let Some(error) = setup_error {
         if kills.cancelled {
             // Our own kill landed before the program started (the launcher was still

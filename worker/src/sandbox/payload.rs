@@ -6,6 +6,7 @@ use std::os::fd::OwnedFd;
 
 use forkbox_queue::schema::Job;
 
+use super::wire::SetupError;
 use super::DEFAULT_PATH;
 
 /// What argv and the whole environment take at exec (strings, NULs, one pointer each).
@@ -50,17 +51,18 @@ pub(super) fn job_env(job: &Job, work_dir: &str) -> Vec<(String, String)> {
 /// A memfd holding `bytes`, sealed against every change. The stdin memfd becomes the program's
 /// descriptor 0 (opened read-write, like every memfd), so without the seals a job could grow it
 /// into memory that no limit of its own counts.
-pub(super) fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
+pub(super) fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, SetupError> {
     use nix::fcntl::{fcntl, FcntlArg, SealFlag};
     use nix::sys::memfd::MemFdCreateFlag;
     let fd = nix::sys::memfd::memfd_create(
         c"forkbox-job",
         MemFdCreateFlag::MFD_CLOEXEC | MemFdCreateFlag::MFD_ALLOW_SEALING,
     )
-    .map_err(|e| format!("memfd: {e}"))?;
+    .map_err(|e| SetupError::errno("memfd", e))?;
     let mut file = std::fs::File::from(fd);
-    file.write_all(bytes).map_err(|e| format!("memfd: {e}"))?;
-    file.rewind().map_err(|e| format!("memfd: {e}"))?;
+    file.write_all(bytes)
+        .map_err(|e| SetupError::io("memfd", &e))?;
+    file.rewind().map_err(|e| SetupError::io("memfd", &e))?;
     let seals = SealFlag::F_SEAL_WRITE
         | SealFlag::F_SEAL_GROW
         | SealFlag::F_SEAL_SHRINK
@@ -69,10 +71,10 @@ pub(super) fn memfd_with(bytes: &[u8]) -> Result<OwnedFd, String> {
         std::os::fd::AsRawFd::as_raw_fd(&file),
         FcntlArg::F_ADD_SEALS(seals),
     )
-    .map_err(|e| format!("memfd seals: {e}"))?;
+    .map_err(|e| SetupError::errno("memfd seals", e))?;
     Ok(file.into())
 }
 
-pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd), String> {
-    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))
+pub(super) fn pipe() -> Result<(OwnedFd, OwnedFd), SetupError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| SetupError::errno("pipe", e))
 }

@@ -5,6 +5,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 
 use forkbox_queue::schema::{EffectiveLimits, Job, Outcome, Status};
+use nix::errno::Errno;
 use tokio::sync::mpsc;
 
 use super::engine::Engine;
@@ -13,8 +14,27 @@ use super::events::Unregister;
 use super::outcome::{self, Observed, Terms};
 use super::output::{self, read_all, OutputChunk};
 use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
-use super::wire::{Payload, ToZygote};
+use super::wire::{Payload, SetupError, ToZygote};
 use super::{collect, limits, mono_ns};
+
+/// How a run in a slot ended ([`Engine::run_in`]): its outcome and, when its set-up failed on
+/// a system call (the engine's own, or one in the sandbox), that call's errno, as it was
+/// known where it failed: the node tells a host short of descriptors or memory from the
+/// errno, never from the outcome's text.
+#[derive(Debug)]
+pub struct RunEnd {
+    pub outcome: Outcome,
+    pub setup_errno: Option<Errno>,
+}
+
+impl RunEnd {
+    fn of(outcome: Outcome) -> RunEnd {
+        RunEnd {
+            outcome,
+            setup_errno: None,
+        }
+    }
+}
 
 /// One of an engine's slots, held while a job runs in it ([`Engine::slot`]).
 #[derive(Debug)]
@@ -47,7 +67,7 @@ impl Engine {
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
     ) -> Outcome {
         let slot = self.slot().await;
-        self.run_in(slot, job, cancel, output).await
+        self.run_in(slot, job, cancel, output).await.outcome
     }
 
     /// Waits for one of the engine's `slots` (first come, first served): the only count of
@@ -68,7 +88,7 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Outcome {
+    ) -> RunEnd {
         let _slot = slot;
         // The runtime's engine shares this one's slots: the slot holds there too.
         if let (Some(_), Some(runtime)) = (job.runtime, &self.runtime) {
@@ -83,28 +103,31 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Outcome {
+    ) -> RunEnd {
         if let Err(e) = job
             .validate()
             .and_then(|()| self.inner.config.ceilings.check(job))
         {
-            return Outcome::not_run(Status::Invalid, e.to_string());
+            return RunEnd::of(Outcome::not_run(Status::Invalid, e.to_string()));
         }
         let exec = exec_bytes(job, &self.inner.config.work_dir);
         let exec_limit = exec_args_limit();
         if exec > exec_limit {
-            return Outcome::not_run(
+            return RunEnd::of(Outcome::not_run(
                 Status::Invalid,
                 format!(
                     "{}: the command and env take {exec} bytes at exec, over the {exec_limit} \
                      bytes this host's stack limit allows (a quarter of RLIMIT_STACK)",
                     if job.argv.is_some() { "argv" } else { "cmd" }
                 ),
-            );
+            ));
         }
         match self.execute(job, cancel, output).await {
-            Ok(outcome) => outcome,
-            Err(e) => Outcome::not_run(Status::Error, e),
+            Ok(end) => end,
+            Err(e) => RunEnd {
+                outcome: Outcome::not_run(Status::Error, e.to_string()),
+                setup_errno: e.errno_value(),
+            },
         }
     }
 
@@ -149,29 +172,33 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, String> {
+    ) -> Result<RunEnd, SetupError> {
         let inner = &self.inner;
         if !inner.alive.load(Ordering::Acquire) {
-            return Err("the sandbox zygote is gone; restart the node".into());
+            return Err(SetupError::new(
+                "the sandbox zygote is gone; restart the node",
+            ));
         }
         let limits = job.limits.resolve(&inner.config.defaults);
         let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
         if file_bytes > limits.disk_mb * 1024 * 1024 {
             // The launcher would run out of room writing them: a fault of the job, not of the
             // sandbox, so not worth a retry.
-            return Ok(Outcome::not_run(
+            return Ok(RunEnd::of(Outcome::not_run(
                 Status::Invalid,
                 format!(
                     "files: {file_bytes} bytes do not fit the job's disk of {} MiB \
                      (limits.disk_mb)",
                     limits.disk_mb
                 ),
-            ));
+            )));
         }
         let (payload, runtime_use) = self.payload(job, limits);
-        let payload_fd = memfd_with(&serde_json::to_vec(&payload).map_err(|e| e.to_string())?)?;
+        let payload_json =
+            serde_json::to_vec(&payload).map_err(|e| SetupError::new(e.to_string()))?;
+        let payload_fd = memfd_with(&payload_json)?;
         let stdin_bytes = match &job.stdin {
-            Some(data) => data.to_bytes().map_err(|e| format!("stdin: {e}"))?,
+            Some(data) => data.to_bytes().map_err(|e| SetupError::text("stdin", e))?,
             None => Vec::new(),
         };
         let stdin_fd = memfd_with(&stdin_bytes)?;
@@ -224,7 +251,8 @@ impl Engine {
                 job.output_mode.unwrap_or_default(),
                 cancel,
             )
-            .await?;
+            .await
+            .map_err(SetupError::new)?;
         kill_guard.armed = false;
         let (stdout, stderr) = match watched.captured.take() {
             Some(both) => both,
@@ -252,7 +280,11 @@ impl Engine {
             runtime: runtime_use,
             output_mode: job.output_mode.unwrap_or_default(),
         };
-        Ok(outcome::fold(observed, terms))
+        let setup_errno = outcome::setup_error(&observed).and_then(SetupError::errno_value);
+        Ok(RunEnd {
+            outcome: outcome::fold(observed, terms),
+            setup_errno,
+        })
     }
 }
 
