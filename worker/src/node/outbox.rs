@@ -10,13 +10,13 @@
 //!
 //! Redis refusing the data of one job (a script error on its values) is not an outage: when a
 //! batch is refused, its items are stored one by one, and the one Redis refuses is
-//! dead-lettered with Redis' reason instead of being retried for ever with its slot. Only
+//! dead-lettered with Redis' reason instead of being retried for ever with its hold. Only
 //! Redis being unreachable (or out of memory, loading, failing over) keeps items here.
 //!
 //! A completion may also carry the admission its job freed: when the node reads one stream on
 //! one server, the completer then reads the next entries on the same round trip
 //! ([`forkbox_queue::Queue::complete_many_and_read`]) and hands what it read, each entry with
-//! its permits, to the reader ([`ReadWith`]), which starts it as it starts what it reads
+//! its permits, to the reader (`ReadWith`), which starts it as it starts what it reads
 //! itself; so a node working through a backlog spends one round trip per job. An admission not
 //! used that way (the queue is empty, the node is stopping, a reclaim is due, or the store
 //! failed) goes back to the pool. The outbox never starts a job itself: the read path is the

@@ -4,9 +4,11 @@
 //! it reads, asks Redis for at most that many entries, and admits each delivery with its
 //! [`Permits`] (see [`admission`](crate::node::admission)): held from then on, it waits in read
 //! order for one of the engine's slots (see [`job`](crate::node::job)). Entries the outbox
-//! read on a completion's round trip come to the reader through a channel
-//! ([`ReadBack`]) and are admitted the same way. At start the reader drains the node's own pending entries; every half visibility
-//! timeout it reclaims idle entries of dead workers with the admissions it has, and again as
+//! read on a completion's round trip come to the reader through a channel (`ReadBack`) and
+//! are admitted the same way.
+//!
+//! At start the reader drains the node's own pending entries; every half visibility timeout
+//! it reclaims idle entries of dead workers with the admissions it has, and again as
 //! soon as admissions free up while a reclaim found more idle entries than it could take, so
 //! a large abandoned backlog drains at the speed of the node's slots. As often as a read may
 //! take to answer, whatever the visibility timeout, it takes back the node's own entries whose
@@ -197,15 +199,15 @@ impl Reader {
         }
     }
 
-    /// Starts `ds`, one permit each.
+    /// Admits `ds`, one admission (with its hold) each.
     fn admit_all(&self, ds: Vec<Delivery>, permits: &mut Vec<Permits>) {
         for d in ds {
-            let p = permits.pop().expect("at most one delivery per permit");
+            let p = permits.pop().expect("at most one delivery per admission");
             admit(&self.shared, d, p, &self.outbox);
         }
     }
 
-    /// Takes over entries idle past the visibility timeout, at most one per free permit.
+    /// Takes over entries idle past the visibility timeout, at most one per free admission.
     /// Returns whether some queue had more idle entries than it could take.
     async fn reclaim(&mut self, permits: &mut Vec<Permits>, vis: Duration) -> bool {
         let shared = self.shared.clone();
@@ -260,7 +262,7 @@ impl Reader {
     }
 
     /// Takes back this node's own entries whose read reply was lost, at most one per free
-    /// permit (see [`forkbox_queue::Queue::recover_stranded`]).
+    /// admission (see [`forkbox_queue::Queue::recover_stranded`]).
     async fn recover_stranded(&mut self, permits: &mut Vec<Permits>, vis: Duration) {
         let shared = self.shared.clone();
         let stranded_ms = self.stranded_after().as_millis() as u64;
