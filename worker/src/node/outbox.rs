@@ -697,11 +697,13 @@ mod tests {
             let Permits { admission, hold } = pool.take_free().await.pop().unwrap();
             let d = delivery("done", "ok", 1);
             outbox.complete_reading(d.clone(), result(&d), hold, Some(admission));
+            // The outbox stays open while the result is stored: only the gate stops the read.
+            until("stored", || !queue.asked().is_empty()).await;
+            assert!(back.try_recv().is_err(), "read while it must not");
+            assert_eq!(queue.read_with_completions(), 0);
             drop(outbox);
             completer.wait().await;
             assert_eq!(queue.asked(), [Asked::Stored("done".into(), Status::Ok)]);
-            assert!(back.try_recv().is_err(), "read while it must not");
-            assert_eq!(queue.read_with_completions(), 0);
             // The admission went back to the pool for the reader.
             assert_eq!((pool.free_admissions(), pool.free_holds()), (1, 2));
         }
