@@ -141,7 +141,8 @@ async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
         let cancel = tokio::time::sleep(Duration::from_millis(grace_ms()));
         let out = engine
             .run_in(engine.slot().await, &cancelled, cancel, None)
-            .await;
+            .await
+            .outcome;
         check(format!("{kind} cancelled"), out, Status::Cancelled);
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));

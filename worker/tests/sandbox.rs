@@ -1395,7 +1395,8 @@ async fn a_job_cancelled_before_its_program_starts_is_cancelled_not_failed() {
     for _ in 0..5 {
         let out = engine
             .run_in(engine.slot().await, &job, std::future::ready(()), None)
-            .await;
+            .await
+            .outcome;
         assert_eq!(
             out.status,
             Status::Cancelled,
@@ -1788,6 +1789,7 @@ async fn concurrent_none_jobs_cannot_reach_each_others_abstract_sockets() {
             engine
                 .run_in(slot, &listener, std::future::pending(), Some(tx))
                 .await
+                .outcome
         })
     };
     // The other job starts once the first has bound its name.

@@ -380,7 +380,7 @@ async fn serve_connection(
                     let started = forkbox_queue::now_ms();
                     let run = async {
                         let slot = engine.slot().await;
-                        engine.run_in(slot, &job, gone.notified(), live).await
+                        engine.run_in(slot, &job, gone.notified(), live).await.outcome
                     };
                     let (outcome, ()) = tokio::join!(run, forward);
                     let times = (started, forkbox_queue::now_ms());

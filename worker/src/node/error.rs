@@ -6,6 +6,28 @@
 use std::net::SocketAddr;
 
 use forkbox_queue::QueueError;
+use nix::errno::Errno;
+
+/// A fault of the node, not of the job: a sandbox's set-up failed because the host ran short
+/// of descriptors or memory. Such a job is handed back uncharged, and `/healthz` says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NodeFault {
+    #[error("out of file descriptors ({0})")]
+    Descriptors(Errno),
+    #[error("out of memory ({0})")]
+    Memory(Errno),
+}
+
+impl NodeFault {
+    /// The node's fault behind a set-up that failed with `errno`, if it is one.
+    pub fn of(errno: Errno) -> Option<NodeFault> {
+        match errno {
+            Errno::EMFILE | Errno::ENFILE => Some(NodeFault::Descriptors(errno)),
+            Errno::ENOMEM => Some(NodeFault::Memory(errno)),
+            _ => None,
+        }
+    }
+}
 
 /// A node start-up or shutdown failure.
 #[derive(Debug, thiserror::Error)]
@@ -54,4 +76,28 @@ pub enum NodeError {
          role of docs/operations.md (\"ACL roles\")"
     )]
     MissingRight { queue: String, missing: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_host_short_of_descriptors_or_memory_is_the_node_s_fault() {
+        assert_eq!(
+            NodeFault::of(Errno::EMFILE),
+            Some(NodeFault::Descriptors(Errno::EMFILE))
+        );
+        assert_eq!(
+            NodeFault::of(Errno::ENFILE),
+            Some(NodeFault::Descriptors(Errno::ENFILE))
+        );
+        assert_eq!(
+            NodeFault::of(Errno::ENOMEM),
+            Some(NodeFault::Memory(Errno::ENOMEM))
+        );
+        for errno in [Errno::ENOENT, Errno::EPERM, Errno::EINVAL, Errno::ENOSPC] {
+            assert_eq!(NodeFault::of(errno), None, "{errno}");
+        }
+    }
 }

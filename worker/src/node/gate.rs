@@ -176,14 +176,6 @@ impl Descriptors {
     }
 }
 
-/// Whether a job's set-up error is the node running out of its own resources (descriptors,
-/// the host's file table, memory for a pipe or memfd), which is no fault of the job.
-pub fn node_resource_error(error: &str) -> bool {
-    ["EMFILE", "ENFILE", "ENOMEM"]
-        .iter()
-        .any(|errno| error.contains(errno))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,18 +190,6 @@ mod tests {
         assert!(d(5000, 4096).short());
         assert!(!d(10, 256).short());
         assert!(d(200, 256).short());
-    }
-
-    #[test]
-    fn only_resource_errnos_are_the_nodes_fault() {
-        assert!(node_resource_error("memfd: EMFILE: Too many open files"));
-        assert!(node_resource_error(
-            "pipe: ENFILE: Too many open files in system"
-        ));
-        assert!(!node_resource_error(
-            "mount /proc: EPERM: Operation not permitted"
-        ));
-        assert!(!node_resource_error("chdir work: ENOENT"));
     }
 
     #[test]

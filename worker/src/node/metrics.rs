@@ -168,7 +168,7 @@ const RESOURCE_FAULT_SHOWN: Duration = Duration::from_secs(30);
 
 impl NodeStatus {
     /// Records a job set-up that failed for want of the node's resources (see
-    /// [`crate::node::gate::node_resource_error`]).
+    /// [`NodeFault`](crate::node::error::NodeFault)).
     pub fn resource_fault(&self, error: &str) {
         *self.resource_fault.lock().expect("status lock") = Some((Instant::now(), error.into()));
     }

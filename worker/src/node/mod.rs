@@ -4,20 +4,23 @@
 //!
 //! - [`worker`]: the [`Node`] itself: it connects, opens the queues, starts the other parts
 //!   and, once asked to stop, drains them in order.
-//! - [`reader`]: the read loop. It reads no more stream entries than it has free admissions
-//!   (slots plus prefetch), drains its own pending entries at start and reclaims idle ones.
+//! - [`reader`]: the read path, where every job starts. It reads no more stream entries than
+//!   it has free admissions (slots plus prefetch), drains its own pending entries at start,
+//!   reclaims idle ones, and admits what completions read, which the outbox hands it.
 //! - [`job`]: the dispatcher, which starts deliveries in read order as engine slots free up,
 //!   and the job task, which runs one in the engine and carries out its disposition.
 //! - [`disposition`]: the pure decision whether a finished run is stored, dead-lettered, left
 //!   pending or handed back.
 //! - [`shared`]: the state the reader, the job tasks, the outbox and upkeep share.
-//! - [`admission`]: the [`SlotPool`](admission::SlotPool) of admissions and holds, the two
-//!   permits of each delivery.
+//! - [`admission`]: the [`SlotPool`](admission::SlotPool) of the two permits of each
+//!   delivery, its [`Admission`](admission::Admission) and its [`Hold`](admission::Hold).
+//! - `seam`: the `Runner` and `JobQueue` traits through which the reader, the outbox and the
+//!   job tasks reach the engine and Redis (unit tests put fakes behind them).
 //! - [`held`]: the entries the node holds, whose claims upkeep refreshes.
 //! - [`stop`]: the [`StopLevel`] every part watches and the [`StopHandle`] that raises it.
 //! - [`outbox`]: finished results (and dead letters) waiting to be stored. It completes them in
 //!   batches with one pipelined call and keeps them, retrying, while Redis is away, so a result
-//!   that was computed is never dropped.
+//!   that was computed is never dropped; what a completion reads goes to the reader.
 //! - [`upkeep`]: what runs beside the loop: heartbeats, claim refreshes for held entries, the
 //!   queue-lag gauge, removal of dead consumers.
 //! - [`cancel`]: the local view of cancelled ids and of the jobs that can be killed.
@@ -38,14 +41,19 @@ pub mod cancel;
 pub mod config;
 pub mod disposition;
 pub mod error;
+#[cfg(test)]
+mod fake;
 pub mod gate;
 pub mod health;
 pub mod held;
 pub mod job;
 pub mod metrics;
 pub mod outbox;
+#[cfg(test)]
+mod path_test;
 pub mod preflight;
 pub mod reader;
+pub(crate) mod seam;
 pub mod shared;
 pub mod stop;
 pub mod upkeep;

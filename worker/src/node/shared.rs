@@ -1,21 +1,21 @@
 //! The state the reader, the dispatcher, the job tasks, the outbox and upkeep share.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use forkbox_queue::{Delivery, QueueSet};
+use forkbox_queue::Delivery;
 use tokio::sync::{mpsc, watch};
 
-use crate::node::admission::{Hold, SlotPool};
+use crate::node::admission::{Permits, SlotPool};
 use crate::node::cancel::CancelBoard;
 use crate::node::config::NodeConfig;
 use crate::node::health::RedisHealth;
 use crate::node::held::Held;
 use crate::node::metrics::NodeStatus;
-use crate::node::outbox::Outbox;
+use crate::node::outbox::{Outbox, ReadGate};
+use crate::node::seam::{JobQueue, Part, Runner};
 use crate::node::stop::{StopHandle, StopLevel};
-use crate::sandbox::Engine;
 
 /// Counts one job task in `Shared::busy` for as long as it lives, panics included, so a drain
 /// never waits for a task that is gone.
@@ -37,7 +37,7 @@ impl Drop for Unfinished {
 /// A delivery read and waiting for an engine slot.
 pub(crate) struct Queued {
     pub(crate) d: Delivery,
-    pub(crate) hold: Hold,
+    pub(crate) permits: Permits,
     pub(crate) outbox: Outbox,
     pub(crate) unfinished: Unfinished,
 }
@@ -45,8 +45,10 @@ pub(crate) struct Queued {
 /// State shared by the reader, the job tasks, the outbox and upkeep.
 pub(crate) struct Shared {
     pub name: String,
-    pub set: QueueSet,
-    pub engine: Engine,
+    /// The node's queues (see [`seam`](crate::node::seam)).
+    pub queue: Arc<dyn JobQueue>,
+    /// What runs the jobs (see [`seam`](crate::node::seam)).
+    pub runner: Arc<dyn Runner>,
     pub config: NodeConfig,
     /// How read entries wait for a run.
     pub intake: Intake,
@@ -63,9 +65,8 @@ pub(crate) struct Intake {
     pub slots: SlotPool,
     /// Deliveries in read order, waiting for a slot (see [`job`](crate::node::job)).
     pub queued: mpsc::UnboundedSender<Queued>,
-    /// When the reader reclaims next; the outbox reads for freed slots only before it, so a
-    /// busy node still reclaims on time.
-    pub next_reclaim: Mutex<Instant>,
+    /// Whether completions may read now (see [`ReadGate`]).
+    pub gate: Arc<ReadGate>,
     /// Whether completions read the next entries (one stream on a single Redis); otherwise a
     /// finished run's admission goes straight back to the reader.
     pub reads_with_completions: bool,
@@ -85,7 +86,7 @@ pub(crate) struct Lifetime {
 /// Stops the node once its zygote is gone: no job can run any more.
 #[derive(Clone)]
 pub(crate) struct SandboxWatch {
-    pub(crate) engine: Engine,
+    pub(crate) runner: Arc<dyn Runner>,
     pub(crate) status: Arc<NodeStatus>,
     pub(crate) stop: StopHandle,
     pub(crate) lost: Arc<AtomicBool>,
@@ -96,7 +97,7 @@ impl SandboxWatch {
     /// finish a moment before the engine's event thread has seen the zygote go: after a
     /// failure, ask [`SandboxWatch::alive_after_failure`] instead.
     pub(crate) fn alive(&self) -> bool {
-        if self.engine.is_alive() {
+        if self.runner.is_alive() {
             return true;
         }
         self.lose();
@@ -138,16 +139,6 @@ fn mark_lost(status: &NodeStatus, stop: &StopHandle, lost: &AtomicBool) {
 }
 
 impl Shared {
-    pub(crate) fn set_next_reclaim(&self, at: Instant) {
-        *self.intake.next_reclaim.lock().expect("reclaim lock") = at;
-    }
-
-    /// Whether the outbox may read new entries with a completion now: the node is not
-    /// stopping and no reclaim is due (the reader reclaims with the admissions it gets back).
-    pub(crate) fn may_refill(&self) -> bool {
-        !self.stopping() && Instant::now() < *self.intake.next_reclaim.lock().expect("reclaim lock")
-    }
-
     pub(crate) fn stopping(&self) -> bool {
         self.life.stopping()
     }
@@ -155,6 +146,37 @@ impl Shared {
     /// Sleeps `d`, or less when a stop is requested. Returns false when stopping.
     pub(crate) async fn pause(&self, d: Duration) -> bool {
         self.life.pause(d).await
+    }
+
+    /// Hands an entry this node cannot run back to the group, for another node to take now and
+    /// with no attempt charged (see [`Queue::hand_back`](forkbox_queue::Queue::hand_back)).
+    /// When Redis cannot be told, the entry stays pending and is reclaimed after the
+    /// visibility timeout.
+    pub(crate) async fn hand_back(&self, d: &Delivery) {
+        // No longer held first: a claim refresh after the hand-back would make it look busy.
+        self.held.leave(&d.queue, d.partition, &d.entry_id);
+        let part = Part::of(d);
+        if !self.queue.has(&part) {
+            return;
+        }
+        match self
+            .queue
+            .hand_back(&part, &self.name, &[(&d.entry_id, d.deliveries)])
+            .await
+        {
+            Ok(_) => tracing::info!(
+                queue = d.queue,
+                "job {} handed back unrun: this node cannot run jobs now",
+                d.id
+            ),
+            Err(e) => self.health.failed("handing back an entry", &e),
+        }
+    }
+
+    /// Leaves an entry pending, unrefreshed: the reclaimer hands it out again after the
+    /// visibility timeout (or this worker name's next life resumes it).
+    pub(crate) fn leave_pending(&self, d: &Delivery) {
+        self.held.leave(&d.queue, d.partition, &d.entry_id);
     }
 }
 

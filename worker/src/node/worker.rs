@@ -7,12 +7,14 @@
 //! Stopping ([`StopLevel`]): `Drain` stops reading and lets running jobs finish within the
 //! grace period; `Kill` kills what still runs (those entries stay pending for the reclaimer).
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use forkbox_queue::{Broker, Endpoint, QueueSet};
-use tokio::sync::{mpsc, watch};
+use forkbox_queue::{Broker, Endpoint, QueueSet, RoundTrips};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
 
 use crate::node::admission::SlotPool;
 use crate::node::cancel::{self, CancelBoard};
@@ -20,14 +22,16 @@ use crate::node::config::NodeConfig;
 use crate::node::error::NodeError;
 use crate::node::health::{self, Backoff, RedisHealth};
 use crate::node::held::Held;
+use crate::node::job;
 use crate::node::metrics::{self as m, NodeStatus};
-use crate::node::outbox;
+use crate::node::outbox::{self, Completer, Outbox, ReadGate, ReadWith};
 use crate::node::preflight;
+use crate::node::reader::Reader;
+use crate::node::seam::{JobQueue, Runner};
 use crate::node::shared::{Intake, Lifetime, SandboxWatch, Shared};
 use crate::node::stop::{StopHandle, StopLevel};
 use crate::node::upkeep;
 use crate::sandbox::Engine;
-use forkbox_queue::RoundTrips;
 
 /// What a node did, returned when it stops.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -76,121 +80,31 @@ impl Node {
     pub async fn run(
         self,
         stop: StopHandle,
-        on_ready: impl FnOnce(Option<std::net::SocketAddr>) + Send + 'static,
+        on_ready: impl FnOnce(Option<SocketAddr>) + Send + 'static,
     ) -> Result<NodeReport, NodeError> {
-        let config = self.config;
+        let Node {
+            config,
+            engine,
+            trips,
+        } = self;
         config.validate()?;
         let mut stop_rx = stop.subscribe();
         let health = Arc::new(RedisHealth::default());
-        let status = Arc::new(NodeStatus {
-            draining: AtomicBool::new(false),
-            redis: health.clone(),
-            sandbox_alive: AtomicBool::new(true),
-            resource_fault: Default::default(),
-        });
-        // A node whose zygote died can only fail jobs: report it unhealthy, stop reading, hand
-        // back what it holds, and exit with an error so its supervisor restarts it.
-        let sandbox = SandboxWatch {
-            engine: self.engine.clone(),
-            status: status.clone(),
-            stop: stop.clone(),
-            lost: Arc::new(AtomicBool::new(false)),
-        };
-        {
-            let sandbox = sandbox.clone();
-            tokio::spawn(async move {
-                while sandbox.alive() {
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            });
-        }
+        let runner: Arc<dyn Runner> = Arc::new(engine);
+        let (status, sandbox) = watch_sandbox(&runner, &health, &stop);
         let mut background = Vec::new();
-        let mut metrics_addr = None;
-        if let Some(addr) = config.metrics_addr {
-            let handle = m::install()?;
-            m::register(&config.queues, config.slots);
-            let (listener, local) = m::bind(addr).await?;
-            tracing::info!("metrics on http://{local}/metrics (and /healthz)");
-            metrics_addr = Some(local);
-            background.push(tokio::spawn(m::serve(listener, handle, status.clone())));
-        }
-
+        let metrics_addr = serve_metrics(&config, &status, &mut background).await?;
         let endpoint = config.endpoint().map_err(|e| NodeError::Setting {
             setting: "redis",
             message: e.to_string(),
         })?;
-        let Some(broker) = connect(
-            &endpoint,
-            &config.redis_tls,
-            &self.trips,
-            &health,
-            &mut stop_rx,
-        )
-        .await
+        let Some(broker) =
+            connect(&endpoint, &config.redis_tls, &trips, &health, &mut stop_rx).await
         else {
             return Ok(NodeReport::default());
         };
         let config = preflight::check_redis(&broker, config).await?;
-        let mut queues = Vec::new();
-        for q in &config.queues {
-            let open_err = |source| NodeError::OpenQueue {
-                queue: q.clone(),
-                source: Box::new(source),
-            };
-            let queue = broker
-                .partitioned(q, config.partitions, config.queue.clone())
-                .map_err(open_err)?;
-            // Before reading anything: a worker with another partition count than the queue's
-            // would leave partitions unread.
-            queue.check_layout().await.map_err(open_err)?;
-            // Before reading anything: a user without a right the node needs would fail at
-            // the first job (its result unstored), or retry for ever.
-            for partition in queue.partitions() {
-                let missing = partition
-                    .missing_worker_right(&config.name)
-                    .await
-                    .map_err(open_err)?;
-                if let Some(missing) = missing {
-                    return Err(NodeError::MissingRight {
-                        queue: q.clone(),
-                        missing,
-                    });
-                }
-            }
-            queues.push(queue);
-        }
-        let set = QueueSet::of_partitioned(queues).map_err(|source| NodeError::OpenQueue {
-            queue: config.queues.join(","),
-            source: Box::new(source),
-        })?;
-        // One stream: completions read the next entries for the slots they free (several
-        // streams are read by priority and in turn, which only the reader knows). On a
-        // cluster the completion script itself reads, one completion at a time.
-        let reads_with_completions = set.queues().len() == 1;
-        let (busy, _) = watch::channel(0usize);
-        let (queued, waiting) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
-            name: config.name.clone(),
-            set: set.clone(),
-            engine: self.engine,
-            held: Arc::new(Held::default()),
-            board: Arc::new(CancelBoard::default()),
-            health: health.clone(),
-            intake: Intake {
-                slots: SlotPool::new(config.slots, config.prefetch),
-                queued,
-                next_reclaim: Mutex::new(Instant::now()),
-                reads_with_completions,
-            },
-            life: Lifetime {
-                stop: stop_rx.clone(),
-                busy,
-                abandoned: Default::default(),
-                sandbox: sandbox.clone(),
-            },
-            config,
-        });
-        let config = &shared.config;
+        let set = open_queues(&broker, &config).await?;
         tracing::info!(
             "worker {} reading {} ({} partition(s) each) with {} slot(s) and a prefetch of {} at {}",
             config.name,
@@ -200,90 +114,29 @@ impl Node {
             config.prefetch,
             endpoint,
         );
-
-        for q in set.queues() {
-            background.push(tokio::spawn(cancel::watch(
-                q.clone(),
-                shared.board.clone(),
-                health.clone(),
-                stop_rx.clone(),
-            )));
-        }
-        background.push(tokio::spawn(health::probe(broker.clone(), health.clone())));
-        background.push(tokio::spawn(upkeep::run(
-            set.clone(),
-            config.name.clone(),
-            shared.held.clone(),
-            health.clone(),
-            Duration::from_millis(config.queue.visibility_timeout_ms),
-            config.lag_interval,
-        )));
-        let refill = reads_with_completions.then(|| shared.clone() as Arc<dyn outbox::Refill>);
-        let (outbox, mut outbox_task) = outbox::start(
-            set.clone(),
-            config.name.clone(),
-            shared.held.clone(),
-            health.clone(),
-            refill,
-        );
-
-        background.push(tokio::spawn(shared.clone().dispatch(waiting)));
-        let reader = tokio::spawn(
-            shared
-                .clone()
-                .read_loop(outbox.clone(), on_ready, metrics_addr),
-        );
+        // One stream: completions read the next entries for the slots they free (several
+        // streams are read by priority and in turn, which only the reader knows). On a
+        // cluster the completion script itself reads, one completion at a time.
+        let reads_with_completions = set.queues().len() == 1;
+        let queue: Arc<dyn JobQueue> = Arc::new(set.clone());
+        let path = (queue, runner, reads_with_completions);
+        let parts = Parts::new(config, path, health.clone(), &stop_rx, sandbox);
+        start_beside(&parts.shared, &set, &broker, &mut background);
+        let on_ready = move || on_ready(metrics_addr);
+        let (shared, outbox, completer, stopped_reading) =
+            parts.start_path(on_ready, &mut background);
         // Drain starts when asked, or when the reader gives up by itself.
         let _ = stop_rx.wait_for(|l| *l >= StopLevel::Drain).await;
         let drain_started = Instant::now();
         status.draining.store(true, Ordering::Relaxed);
-        let _ = reader.await;
+        let _ = stopped_reading.await;
         drop(outbox);
-
-        let mut busy = shared.life.busy.subscribe();
-        let unfinished = *busy.borrow();
-        if unfinished > 0 {
-            tracing::info!("waiting for {unfinished} job(s) running or about to run");
-        }
-        let grace_left = config.grace.saturating_sub(drain_started.elapsed());
-        let finished = tokio::select! {
-            r = tokio::time::timeout(grace_left, busy.wait_for(|n| *n == 0)) => r.is_ok(),
-            _ = stop_rx.wait_for(|l| *l >= StopLevel::Kill) => false,
-        };
-        if !finished {
-            let left = *busy.borrow();
-            if left > 0 {
-                tracing::warn!(
-                    "grace period over: killing {left} running job(s); their entries stay \
-                     pending for the reclaimer"
-                );
-            }
-            stop.raise(StopLevel::Kill);
-            let _ = busy.wait_for(|n| *n == 0).await;
-        }
-
-        // Every job task is done; their outbox handles are dropped with them. Storing what
-        // finished gets what is left of the grace period (at least a second): a Redis that is
-        // away does not hold the exit up past it.
-        let flush_limit = config
-            .grace
-            .saturating_sub(drain_started.elapsed())
-            .max(Duration::from_secs(1));
-        let unflushed = match tokio::time::timeout(flush_limit, outbox_task.wait()).await {
-            Ok(()) => Vec::new(),
-            Err(_) => outbox_task.abort(),
-        };
+        wait_for_jobs(&shared, &stop, drain_started).await;
+        let unflushed = flush(&shared.config, completer, drain_started).await;
         for task in background {
             task.abort();
         }
-        // Stopped: `stats` should not show this node alive until its heartbeat expires. A
-        // Redis that is away leaves the keys to expire.
-        let _ = tokio::time::timeout(Duration::from_secs(1), async {
-            for q in set.queues() {
-                let _ = q.remove_heartbeat(&config.name).await;
-            }
-        })
-        .await;
+        leave(&set, &shared.config.name).await;
         if !unflushed.is_empty() {
             return Err(NodeError::Unflushed {
                 count: unflushed.len(),
@@ -294,13 +147,257 @@ impl Node {
                     .join(", "),
             });
         }
-        if sandbox.lost.load(Ordering::Relaxed) {
+        if shared.life.sandbox.lost.load(Ordering::Relaxed) {
             return Err(NodeError::SandboxGone);
         }
         let abandoned = shared.life.abandoned.load(Ordering::Relaxed);
-        tracing::info!("worker {} stopped", config.name);
+        tracing::info!("worker {} stopped", shared.config.name);
         Ok(NodeReport { abandoned })
     }
+}
+
+/// The node's health as `/healthz` tells it, and the watch that stops the node once its
+/// zygote is gone: a node whose zygote died can only fail jobs, so it reports itself
+/// unhealthy, stops reading, hands back what it holds, and exits with an error so its
+/// supervisor restarts it.
+fn watch_sandbox(
+    runner: &Arc<dyn Runner>,
+    health: &Arc<RedisHealth>,
+    stop: &StopHandle,
+) -> (Arc<NodeStatus>, SandboxWatch) {
+    let status = Arc::new(NodeStatus {
+        draining: AtomicBool::new(false),
+        redis: health.clone(),
+        sandbox_alive: AtomicBool::new(true),
+        resource_fault: Default::default(),
+    });
+    let sandbox = SandboxWatch {
+        runner: runner.clone(),
+        status: status.clone(),
+        stop: stop.clone(),
+        lost: Arc::new(AtomicBool::new(false)),
+    };
+    let watch = sandbox.clone();
+    tokio::spawn(async move {
+        while watch.alive() {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    });
+    (status, sandbox)
+}
+
+/// Serves `/metrics` and `/healthz` when the node has a metrics address; returns the address
+/// it listens on.
+async fn serve_metrics(
+    config: &NodeConfig,
+    status: &Arc<NodeStatus>,
+    background: &mut Vec<JoinHandle<()>>,
+) -> Result<Option<SocketAddr>, NodeError> {
+    let Some(addr) = config.metrics_addr else {
+        return Ok(None);
+    };
+    let handle = m::install()?;
+    m::register(&config.queues, config.slots);
+    let (listener, local) = m::bind(addr).await?;
+    tracing::info!("metrics on http://{local}/metrics (and /healthz)");
+    background.push(tokio::spawn(m::serve(listener, handle, status.clone())));
+    Ok(Some(local))
+}
+
+/// Opens the node's queues, checking before anything is read that their layout matches the
+/// node's and that Redis grants the node every right it needs.
+async fn open_queues(broker: &Broker, config: &NodeConfig) -> Result<QueueSet, NodeError> {
+    let mut queues = Vec::new();
+    for q in &config.queues {
+        let open_err = |source| NodeError::OpenQueue {
+            queue: q.clone(),
+            source: Box::new(source),
+        };
+        let queue = broker
+            .partitioned(q, config.partitions, config.queue.clone())
+            .map_err(open_err)?;
+        // A worker with another partition count than the queue's would leave partitions
+        // unread.
+        queue.check_layout().await.map_err(open_err)?;
+        // A user without a right the node needs would fail at the first job (its result
+        // unstored), or retry for ever.
+        for partition in queue.partitions() {
+            let missing = partition
+                .missing_worker_right(&config.name)
+                .await
+                .map_err(open_err)?;
+            if let Some(missing) = missing {
+                return Err(NodeError::MissingRight {
+                    queue: q.clone(),
+                    missing,
+                });
+            }
+        }
+        queues.push(queue);
+    }
+    QueueSet::of_partitioned(queues).map_err(|source| NodeError::OpenQueue {
+        queue: config.queues.join(","),
+        source: Box::new(source),
+    })
+}
+
+/// The parts of a job's path, built and not yet started.
+pub(crate) struct Parts {
+    pub(crate) shared: Arc<Shared>,
+    /// The dispatcher's end of the admitted deliveries.
+    waiting: mpsc::UnboundedReceiver<crate::node::shared::Queued>,
+}
+
+impl Parts {
+    /// The state the parts share.
+    /// `path` is the node's queues, its runner and whether completions read.
+    pub(crate) fn new(
+        config: NodeConfig,
+        path: (Arc<dyn JobQueue>, Arc<dyn Runner>, bool),
+        health: Arc<RedisHealth>,
+        stop: &watch::Receiver<StopLevel>,
+        sandbox: SandboxWatch,
+    ) -> Parts {
+        let (queue, runner, reads_with_completions) = path;
+        let (busy, _) = watch::channel(0usize);
+        let (queued, waiting) = mpsc::unbounded_channel();
+        let shared = Arc::new(Shared {
+            name: config.name.clone(),
+            queue,
+            runner,
+            held: Arc::new(Held::default()),
+            board: Arc::new(CancelBoard::default()),
+            health,
+            intake: Intake {
+                slots: SlotPool::new(config.slots, config.prefetch),
+                queued,
+                gate: Arc::new(ReadGate::new(stop.clone())),
+                reads_with_completions,
+            },
+            life: Lifetime {
+                stop: stop.clone(),
+                busy,
+                abandoned: Default::default(),
+                sandbox,
+            },
+            config,
+        });
+        Parts { shared, waiting }
+    }
+
+    /// Starts the job's path: the outbox, the dispatcher and the reader. Returns the, the node's outbox handle, the completer, and word of the reader once
+    /// it reads no more.
+    pub(crate) fn start_path(
+        self,
+        on_ready: impl FnOnce() + Send + 'static,
+        background: &mut Vec<JoinHandle<()>>,
+    ) -> (Arc<Shared>, Outbox, Completer, oneshot::Receiver<()>) {
+        let Parts { shared, waiting } = self;
+        let (read_back_tx, read_back) = mpsc::unbounded_channel();
+        let read_with = shared.intake.reads_with_completions.then(|| ReadWith {
+            gate: shared.intake.gate.clone(),
+            slots: shared.intake.slots.clone(),
+            to: read_back_tx,
+        });
+        let (outbox, completer) = outbox::start(
+            shared.queue.clone(),
+            shared.name.clone(),
+            shared.held.clone(),
+            shared.health.clone(),
+            read_with,
+        );
+        background.push(tokio::spawn(job::dispatch(shared.clone(), waiting)));
+        let (stopped_tx, stopped) = oneshot::channel();
+        let reader = Reader::new(shared.clone(), outbox.clone(), read_back);
+        background.push(tokio::spawn(reader.run(on_ready, stopped_tx)));
+        (shared, outbox, completer, stopped)
+    }
+}
+
+/// Starts what runs beside the job's path: the cancellation watchers, the Redis health probe
+/// and upkeep.
+fn start_beside(
+    shared: &Arc<Shared>,
+    set: &QueueSet,
+    broker: &Broker,
+    background: &mut Vec<JoinHandle<()>>,
+) {
+    for q in set.queues() {
+        background.push(tokio::spawn(cancel::watch(
+            q.clone(),
+            shared.board.clone(),
+            shared.health.clone(),
+            shared.life.stop.clone(),
+        )));
+    }
+    background.push(tokio::spawn(health::probe(
+        broker.clone(),
+        shared.health.clone(),
+    )));
+    background.push(tokio::spawn(upkeep::run(
+        set.clone(),
+        shared.name.clone(),
+        shared.held.clone(),
+        shared.health.clone(),
+        Duration::from_millis(shared.config.queue.visibility_timeout_ms),
+        shared.config.lag_interval,
+    )));
+}
+
+/// Waits for the job tasks within what is left of the grace period, then kills what still
+/// runs and waits for those.
+pub(crate) async fn wait_for_jobs(shared: &Shared, stop: &StopHandle, drain_started: Instant) {
+    let mut stop_rx = shared.life.stop.clone();
+    let mut busy = shared.life.busy.subscribe();
+    let unfinished = *busy.borrow();
+    if unfinished > 0 {
+        tracing::info!("waiting for {unfinished} job(s) running or about to run");
+    }
+    let grace_left = shared.config.grace.saturating_sub(drain_started.elapsed());
+    let finished = tokio::select! {
+        r = tokio::time::timeout(grace_left, busy.wait_for(|n| *n == 0)) => r.is_ok(),
+        _ = stop_rx.wait_for(|l| *l >= StopLevel::Kill) => false,
+    };
+    if !finished {
+        let left = *busy.borrow();
+        if left > 0 {
+            tracing::warn!(
+                "grace period over: killing {left} running job(s); their entries stay \
+                 pending for the reclaimer"
+            );
+        }
+        stop.raise(StopLevel::Kill);
+        let _ = busy.wait_for(|n| *n == 0).await;
+    }
+}
+
+/// Stores what finished, within what is left of the grace period (at least a second): a Redis
+/// that is away does not hold the exit up past it. Every job task is done by now, their outbox
+/// handles dropped with them. Returns the `(queue, job id)` of what was not stored.
+pub(crate) async fn flush(
+    config: &NodeConfig,
+    mut completer: Completer,
+    drain_started: Instant,
+) -> Vec<(String, String)> {
+    let flush_limit = config
+        .grace
+        .saturating_sub(drain_started.elapsed())
+        .max(Duration::from_secs(1));
+    match tokio::time::timeout(flush_limit, completer.wait()).await {
+        Ok(()) => Vec::new(),
+        Err(_) => completer.abort(),
+    }
+}
+
+/// Stopped: `stats` should not show this node alive until its heartbeat expires. A Redis that
+/// is away leaves the keys to expire.
+async fn leave(set: &QueueSet, name: &str) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        for q in set.queues() {
+            let _ = q.remove_heartbeat(name).await;
+        }
+    })
+    .await;
 }
 
 /// Connects, retrying with back-off until Redis answers or the node is told to stop.

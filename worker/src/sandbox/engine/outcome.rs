@@ -14,7 +14,7 @@ use forkbox_queue::schema::{
 
 use crate::sandbox::isolate::cgroup::Accounting;
 use crate::sandbox::isolate::limits::{self, MemoryEnforcement};
-use crate::sandbox::isolate::setup_error::Fault;
+use crate::sandbox::isolate::setup_error::{Fault, SetupError};
 use crate::sandbox::process::wire::{Exit, Report};
 
 /// The kills the engine itself asked for during a run.
@@ -124,13 +124,15 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
     outcome
 }
 
+/// The set-up failure a run observed, if its sandbox reported one.
+pub(super) fn setup_error(seen: &Observed) -> Option<&SetupError> {
+    let report = seen.report.as_ref().and_then(|r| r.setup_error.as_ref());
+    report.or_else(|| seen.exit.as_ref().and_then(|e| e.error.as_ref()))
+}
+
 /// The outcome of a job whose sandbox's set-up failed (so the program never ran), if it did.
 fn set_up_failed(seen: &Observed) -> Option<Outcome> {
-    let error = seen
-        .report
-        .as_ref()
-        .and_then(|r| r.setup_error.clone())
-        .or_else(|| seen.exit.as_ref().and_then(|e| e.error.clone()))?;
+    let error = setup_error(seen)?;
     if seen.kills.cancelled {
         // Our own kill landed before the program started (the launcher was still
         // writing files, say): the job was cancelled, and its sandbox did not fail.

@@ -5,6 +5,7 @@ use std::os::fd::AsFd;
 use std::sync::atomic::Ordering;
 
 use forkbox_queue::schema::{EffectiveLimits, Job, Outcome, Status};
+use nix::errno::Errno;
 use tokio::sync::mpsc;
 
 use super::event_loop::RunEvents;
@@ -14,9 +15,29 @@ use super::output::{self, read_all, OutputChunk};
 use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
 use super::run_error::RunError;
 use super::start::Engine;
+use crate::sandbox::isolate::setup_error::SetupError;
 use crate::sandbox::isolate::{collect, limits};
 use crate::sandbox::kernel::clock::mono_ns;
 use crate::sandbox::process::wire::{Payload, ToZygote};
+
+/// How a run in a slot ended ([`Engine::run_in`]): its outcome and, when its set-up failed on
+/// a system call (the engine's own, or one in the sandbox), that call's errno, as it was
+/// known where it failed: the node tells a host short of descriptors or memory from the
+/// errno, never from the outcome's text.
+#[derive(Debug)]
+pub struct RunEnd {
+    pub outcome: Outcome,
+    pub setup_errno: Option<Errno>,
+}
+
+impl RunEnd {
+    fn of(outcome: Outcome) -> RunEnd {
+        RunEnd {
+            outcome,
+            setup_errno: None,
+        }
+    }
+}
 
 /// One of an engine's slots, held while a job runs in it ([`Engine::slot`]).
 #[derive(Debug)]
@@ -29,7 +50,9 @@ impl Engine {
     /// and without streaming its output.
     pub async fn run(&self, job: &Job) -> Outcome {
         let slot = self.slot().await;
-        self.run_in(slot, job, std::future::pending(), None).await
+        self.run_in(slot, job, std::future::pending(), None)
+            .await
+            .outcome
     }
 
     /// Waits for one of the engine's `slots` (first come, first served): the only count of
@@ -52,7 +75,7 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Outcome {
+    ) -> RunEnd {
         let _slot = slot;
         // The runtime's engine shares this one's slots: the slot holds there too.
         if let (Some(_), Some(runtime)) = (job.runtime, &self.runtime) {
@@ -67,28 +90,31 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Outcome {
+    ) -> RunEnd {
         if let Err(e) = job
             .validate()
             .and_then(|()| self.inner.config.ceilings.check(job))
         {
-            return Outcome::not_run(Status::Invalid, e.to_string());
+            return RunEnd::of(Outcome::not_run(Status::Invalid, e.to_string()));
         }
         let exec = exec_bytes(job, &self.inner.config.work_dir);
         let exec_limit = exec_args_limit();
         if exec > exec_limit {
-            return Outcome::not_run(
+            return RunEnd::of(Outcome::not_run(
                 Status::Invalid,
                 format!(
                     "{}: the command and env take {exec} bytes at exec, over the {exec_limit} \
                      bytes this host's stack limit allows (a quarter of RLIMIT_STACK)",
                     if job.argv.is_some() { "argv" } else { "cmd" }
                 ),
-            );
+            ));
         }
         match self.execute(job, cancel, output).await {
-            Ok(outcome) => outcome,
-            Err(e) => Outcome::not_run(Status::Error, e.to_string()),
+            Ok(end) => end,
+            Err(e) => RunEnd {
+                outcome: Outcome::not_run(Status::Error, e.to_string()),
+                setup_errno: e.errno(),
+            },
         }
     }
 
@@ -133,7 +159,7 @@ impl Engine {
         job: &Job,
         cancel: impl std::future::Future<Output = ()>,
         output: Option<mpsc::UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, RunError> {
+    ) -> Result<RunEnd, RunError> {
         let inner = &self.inner;
         if !inner.alive.load(Ordering::Acquire) {
             return Err(RunError::ZygoteGone);
@@ -143,14 +169,14 @@ impl Engine {
         if file_bytes > limits.disk_mb * 1024 * 1024 {
             // The launcher would run out of room writing them: a fault of the job, not of the
             // sandbox, so not worth a retry.
-            return Ok(Outcome::not_run(
+            return Ok(RunEnd::of(Outcome::not_run(
                 Status::Invalid,
                 format!(
                     "files: {file_bytes} bytes do not fit the job's disk of {} MiB \
                      (limits.disk_mb)",
                     limits.disk_mb
                 ),
-            ));
+            )));
         }
         let (payload, runtime_use) = self.payload(job, limits);
         let payload_fd =
@@ -237,7 +263,11 @@ impl Engine {
             runtime: runtime_use,
             output_mode: job.output_mode.unwrap_or_default(),
         };
-        Ok(outcome::fold(observed, terms))
+        let setup_errno = outcome::setup_error(&observed).and_then(SetupError::errno_value);
+        Ok(RunEnd {
+            outcome: outcome::fold(observed, terms),
+            setup_errno,
+        })
     }
 }
 

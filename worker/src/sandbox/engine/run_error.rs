@@ -33,3 +33,19 @@ pub(crate) enum RunError {
     #[error("cgroup placement failed (job not run): {0}")]
     CgroupPlacement(CgroupError),
 }
+
+impl RunError {
+    /// The errno of the system call that failed, where the failure was one: the node tells a
+    /// host short of descriptors or memory from it, never from the text.
+    pub(crate) fn errno(&self) -> Option<Errno> {
+        match self {
+            RunError::MemfdCreate(e)
+            | RunError::MemfdSeal(e)
+            | RunError::Pipe(e)
+            | RunError::SendJob(e)
+            | RunError::SendStarted(e) => Some(*e),
+            RunError::MemfdWrite(e) => e.raw_os_error().map(Errno::from_raw),
+            _ => None,
+        }
+    }
+}
