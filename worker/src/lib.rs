@@ -6,4 +6,5 @@
 
 pub mod check;
 pub mod node;
+pub mod runtimes;
 pub mod sandbox;
