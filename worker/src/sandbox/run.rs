@@ -90,6 +90,14 @@ impl Engine {
         {
             return Outcome::not_run(Status::Invalid, e.to_string());
         }
+        if job.compile.is_some() {
+            // Fail closed: running the program alone would ignore what the job asked for.
+            return Outcome::not_run(
+                Status::Invalid,
+                "compile: this node does not run staged jobs (a compile stage before the \
+                 program); send the job without `compile`, or to a node that runs them",
+            );
+        }
         let exec = exec_bytes(job, &self.inner.config.work_dir);
         let exec_limit = exec_args_limit();
         if exec > exec_limit {
