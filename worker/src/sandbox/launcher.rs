@@ -70,6 +70,7 @@ pub(super) fn main(ch: Channels, cfg: &ZygoteConfig, hardening: &Hardening) -> !
             &payload.env,
             &cwd,
             payload.memory,
+            resolve,
         ));
         super::stage::report_compiled(stage_fd, &compiled, plan.limits.output_bytes);
         if !compiled.succeeded() {
@@ -326,7 +327,7 @@ fn exec_program(job: &Taken<'_>, payload: &Payload, cwd: &Path, handoff: &OwnedF
             fds.exec_notify.as_raw_fd(),
             job.setup_w.as_raw_fd(),
         ];
-        super::stage::run_child(&payload.argv, &payload.env, handoff, &closing)
+        super::stage::run_child((&payload.argv, &payload.env), resolve, handoff, &closing)
     }
     if let Some(plan) = &payload.warm {
         // In place of execve: the program runs in this process's warm interpreter.

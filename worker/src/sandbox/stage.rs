@@ -18,7 +18,6 @@ use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::launcher::resolve;
 use super::limits::{self, MemoryEnforcement};
 use super::mono_ns;
 use super::sys::{self, Forked, SingleThreaded};
@@ -52,6 +51,7 @@ pub(super) fn compile(
     env: &[(String, String)],
     cwd: &Path,
     memory: MemoryEnforcement,
+    resolve: Resolve,
 ) -> Result<Compiled, SetupError> {
     let stdout = unnamed_file()?;
     let stderr = unnamed_file()?;
@@ -75,7 +75,7 @@ pub(super) fn compile(
             if let Err(e) = enter(stdio, cwd, &plan.limits, memory) {
                 fail("set-up", e)
             }
-            exec(&plan.argv, env)
+            exec(&plan.argv, env, resolve)
         }
         Ok(Forked::Parent { pid, .. }) => pid,
         Err(e) => return Err(SetupError::errno("fork the compile stage", e)),
@@ -121,8 +121,11 @@ fn enter(
     sys::cloexec_from(3)
 }
 
+/// The program's candidate paths for a `PATH` (the launcher's `resolve`).
+pub(super) type Resolve = fn(&str, &str) -> Vec<std::path::PathBuf>;
+
 /// Execs `argv` through the `PATH` of `env`; exits 127 (not found) or 126 when it cannot.
-pub(super) fn exec(argv: &[String], env: &[(String, String)]) -> ! {
+pub(super) fn exec(argv: &[String], env: &[(String, String)], resolve: Resolve) -> ! {
     let to_c = |s: &str| CString::new(s.as_bytes()).ok();
     let args: Option<Vec<CString>> = argv.iter().map(|a| to_c(a)).collect();
     let envp: Vec<CString> = env
@@ -335,8 +338,8 @@ pub(super) fn report_compiled(stage: OwnedFd, compiled: &Compiled, output_bytes:
 /// the launcher's own and its usage told to the init. `closing` are the launcher's copies of
 /// descriptors whose end must come with the program's (its stdio, the exec-notify pipe).
 pub(super) fn run_child(
-    argv: &[String],
-    env: &[(String, String)],
+    (argv, env): (&[String], &[(String, String)]),
+    resolve: Resolve,
     handoff: &OwnedFd,
     closing: &[RawFd],
 ) -> ! {
@@ -344,7 +347,7 @@ pub(super) fn run_child(
         sys::exit_now(EXIT_NOT_FOUND - 1)
     };
     let child = match one.fork() {
-        Ok(Forked::Child(_)) => exec(argv, env),
+        Ok(Forked::Child(_)) => exec(argv, env, resolve),
         Ok(Forked::Parent { pid, .. }) => pid,
         Err(_) => sys::exit_now(EXIT_NOT_FOUND - 1),
     };
