@@ -60,7 +60,13 @@ pub(super) fn main(ch: Channels, cfg: &ZygoteConfig, hardening: &Hardening) -> !
     let work = Path::new(&cfg.work_dir);
     job.or_abort(write_files(work, &payload).map_err(SetupError::of_job));
     let cwd = job.or_abort(make_cwd(work, &payload));
-    if let (Some(plan), Some(stage_fd)) = (&payload.compile, stage_fd) {
+    if let Some(plan) = &payload.compile {
+        // Fail closed: a stage nobody can hear of must not run, nor the program without it.
+        let Some(stage_fd) = stage_fd else {
+            job.abort(SetupError::new(
+                "compile stage: no report pipe was handed over",
+            ))
+        };
         // A staged job: the compile stage first, in the working directory; the program runs
         // only if it succeeded. A first byte on the stage's pipe says it started, so a stage
         // that kills this process is told from a sandbox that failed before it.
