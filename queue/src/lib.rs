@@ -69,8 +69,9 @@ pub use queue::{
 };
 pub use reclaim::{Reclaimed, HANDED_BACK_IDLE_MS, RECLAIM_PAGE};
 pub use schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Network, Outcome,
-    OutputMode, Runtime, RuntimeUse, Status,
+    CompileStage, EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits,
+    Network, Outcome, OutputMode, Runtime, RuntimeUse, StageLimits, StageOutcome, StageStatus,
+    Status,
 };
 
 /// Re-exported so users name the same redis-rs version as this crate.

@@ -5,4 +5,5 @@
 #![deny(unsafe_code)]
 
 pub mod node;
+pub mod runtimes;
 pub mod sandbox;

@@ -62,6 +62,9 @@ pub enum Command {
     /// List, requeue or purge dead letters.
     #[command(subcommand)]
     Dlq(client::DlqCommand),
+    /// What the fleet can run: each language and version the live workers of the queues
+    /// published, with how many nodes offer it.
+    Runtimes(client::StatsArgs),
     /// Cancel a job: a queued one is skipped, a running one is killed (status `cancelled`).
     /// A finished or unknown id cancels nothing (exit 1), unless `--ahead` is given.
     Cancel(client::CancelArgs),
@@ -104,6 +107,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Dlq(DlqCommand::Purge(a)) => {
             client_runtime().and_then(|rt| rt.block_on(client::dlq_purge(a)))
         }
+        Command::Runtimes(a) => client_runtime().and_then(|rt| rt.block_on(client::runtimes(a))),
         Command::Cancel(a) => client_runtime().and_then(|rt| rt.block_on(client::cancel(a))),
     };
     match result {

@@ -106,6 +106,10 @@ pub struct WorkerSettings {
     #[arg(long, env = "FORKBOX_ALLOW_EVICTION")]
     #[serde(default)]
     pub allow_eviction: bool,
+    /// A runtime catalogue (TOML) over the built-in one: its entries replace the built-in
+    /// ones of the same name and add new languages (see docs/operations.md).
+    #[arg(long, env = "FORKBOX_RUNTIMES", value_name = "FILE")]
+    pub runtimes: Option<PathBuf>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "FORKBOX_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -179,6 +183,7 @@ impl WorkerSettings {
             max_result_ttl_s,
             max_result_bytes,
             allow_eviction,
+            runtimes,
             config: _,
             sandbox,
         } = file;
@@ -203,6 +208,7 @@ impl WorkerSettings {
             max_result_ttl_s: self.max_result_ttl_s.or(max_result_ttl_s),
             max_result_bytes: self.max_result_bytes.or(max_result_bytes),
             allow_eviction: self.allow_eviction || allow_eviction,
+            runtimes: self.runtimes.or(runtimes),
             config: self.config,
             sandbox: self.sandbox.over(sandbox),
         }
@@ -252,6 +258,7 @@ impl WorkerSettings {
         set(&mut c.ceilings.result_ttl_s, self.max_result_ttl_s);
         set(&mut c.queue.max_result_bytes, self.max_result_bytes);
         c.allow_eviction = self.allow_eviction;
+        c.runtimes = forkbox::runtimes::Catalogue::load(self.runtimes.as_deref())?;
         // A maximum below a default lowers the default, as for the limits.
         c.queue.max_attempts = c.queue.max_attempts.min(c.ceilings.max_attempts);
         c.queue.result_ttl_s = c.queue.result_ttl_s.min(c.ceilings.result_ttl_s);
@@ -482,6 +489,41 @@ mod tests {
             let e = WorkerSettings::parse(key).unwrap_err();
             assert!(e.contains("unknown field"), "{key}: {e}");
         }
+    }
+
+    #[test]
+    fn a_runtime_catalogue_file_is_a_key_and_a_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalogue = dir.path().join("rt.toml");
+        std::fs::write(
+            &catalogue,
+            "[[language]]\nname = \"zig\"\nsource_file = \"main.zig\"\n\
+             run = [\"zig\", \"run\", \"{source}\"]\nversion = [\"zig\", \"version\"]\n",
+        )
+        .unwrap();
+        let (_cfg, path) = config_file(&format!("runtimes = {:?}\n", catalogue.to_str().unwrap()));
+        let c = worker_args(&["--config", &path])
+            .with_file()
+            .unwrap()
+            .node_config()
+            .unwrap();
+        assert_eq!(c.runtimes.find("zig").unwrap().run[0], "zig");
+        assert!(
+            c.runtimes.find("python3").is_some(),
+            "over the built-in one"
+        );
+        let c = worker_args(&[]).node_config().unwrap();
+        assert!(c.runtimes.find("zig").is_none());
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[[language]]\nname = 1\n").unwrap();
+        let e = worker_args(&["--runtimes", bad.to_str().unwrap()])
+            .node_config()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("runtime catalogue ") && e.contains("bad.toml"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -90,6 +90,8 @@ impl Node {
         config.validate()?;
         let mut stop_rx = stop.subscribe();
         let health = Arc::new(RedisHealth::default());
+        // Probed beside serving, in sandboxes of the engine's own, without taking job slots.
+        let prober = engine.clone();
         let runner: Arc<dyn Runner> = Arc::new(engine);
         let (status, sandbox) = watch_sandbox(&runner, &health, &stop);
         let mut background = Vec::new();
@@ -121,7 +123,7 @@ impl Node {
         let queue: Arc<dyn JobQueue> = Arc::new(set.clone());
         let path = (queue, runner, reads_with_completions);
         let parts = Parts::new(config, path, health.clone(), &stop_rx, sandbox);
-        start_beside(&parts.shared, &set, &broker, &mut background);
+        start_beside(&parts.shared, &set, &broker, prober, &mut background);
         let on_ready = move || on_ready(metrics_addr);
         let (shared, outbox, completer, stopped_reading) =
             parts.start_path(on_ready, &mut background);
@@ -320,6 +322,7 @@ fn start_beside(
     shared: &Arc<Shared>,
     set: &QueueSet,
     broker: &Broker,
+    prober: Engine,
     background: &mut Vec<JoinHandle<()>>,
 ) {
     for q in set.queues() {
@@ -334,6 +337,13 @@ fn start_beside(
         broker.clone(),
         shared.health.clone(),
     )));
+    // The runtimes are published with the heartbeat once known.
+    let runtimes = Arc::new(std::sync::OnceLock::new());
+    background.push(tokio::spawn(crate::runtimes::probe::publish_when_probed(
+        prober,
+        shared.config.runtimes.clone(),
+        runtimes.clone(),
+    )));
     background.push(tokio::spawn(upkeep::run(
         set.clone(),
         shared.name.clone(),
@@ -341,6 +351,7 @@ fn start_beside(
         shared.health.clone(),
         Duration::from_millis(shared.config.queue.visibility_timeout_ms),
         shared.config.lag_interval,
+        runtimes,
     )));
 }
 

@@ -209,6 +209,7 @@ fn measured(seen: &Observed, terms: &Terms) -> Outcome {
         watchdog_overshoot_us: exit.overshoot_ns.map(|ns| ns / 1000),
         error: None,
         runtime: None,
+        compile: None,
     }
 }
 

@@ -18,7 +18,8 @@ use super::start::Engine;
 use crate::sandbox::isolate::setup_error::SetupError;
 use crate::sandbox::isolate::{collect, limits};
 use crate::sandbox::kernel::clock::mono_ns;
-use crate::sandbox::process::wire::{Payload, ToZygote};
+use crate::sandbox::process::stage;
+use crate::sandbox::process::wire::{CompilePlan, Payload, ToZygote};
 
 /// How a run in a slot ended ([`Engine::run_in`]): its outcome and, when its set-up failed on
 /// a system call (the engine's own, or one in the sandbox), that call's errno, as it was
@@ -42,7 +43,7 @@ impl RunEnd {
 /// One of an engine's slots, held while a job runs in it ([`Engine::slot`]).
 #[derive(Debug)]
 pub struct Slot {
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Engine {
@@ -55,13 +56,20 @@ impl Engine {
             .outcome
     }
 
+    /// A slot outside the engine's count, for the node's own short work beside its jobs (its
+    /// runtime probes, one at a time), so the jobs' slots stay theirs. Never for a job of a
+    /// queue.
+    pub fn slot_beside(&self) -> Slot {
+        Slot { _permit: None }
+    }
+
     /// Waits for one of the engine's `slots` (first come, first served): the only count of
     /// running jobs. A caller that orders jobs itself (the node's dispatcher) takes the slot
     /// first, so a job that waits for one has not reached the engine, then runs in it.
     pub async fn slot(&self) -> Slot {
         let permit = self.inner.slots.clone().acquire_owned().await;
         Slot {
-            _permit: permit.expect("the engine's slots are never closed"),
+            _permit: Some(permit.expect("the engine's slots are never closed")),
         }
     }
 
@@ -137,6 +145,15 @@ impl Engine {
             },
             collect_max_bytes: inner.config.collect_max_bytes,
             warm: None,
+            compile: job.compile.as_ref().map(|stage| CompilePlan {
+                argv: stage.command(),
+                limits: stage.resolve(&limits),
+                timeout_ms: inner
+                    .config
+                    .ceilings
+                    .compile_timeout_ms(job)
+                    .unwrap_or_else(|| stage.timeout_ms()),
+            }),
         };
         let runtime_use = job.runtime.map(|name| {
             let decision = self.warm_plan(job, &payload.argv, &payload.env);
@@ -189,23 +206,49 @@ impl Engine {
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
         let (report_r, report_w) = pipe()?;
+        // A staged job's compile stage is reported on a pipe of its own, read beside the run:
+        // the init's report is lost when the sandbox is killed from outside.
+        let stage_pipe = payload.compile.as_ref().map(|_| pipe()).transpose()?;
 
         let requested_ns = mono_ns();
-        let fds = [
+        let mut fds = vec![
             payload_fd.as_fd(),
             stdin_fd.as_fd(),
             stdout_w.as_fd(),
             stderr_w.as_fd(),
             report_w.as_fd(),
         ];
+        if let Some((_, w)) = &stage_pipe {
+            fds.push(w.as_fd());
+        }
         let network = job.network.unwrap_or(inner.config.network_default);
-        let (req, events, cgroup_job) =
-            self.hand_over(network, inner.config.ceilings.timeout_ms(job), &limits, fds)?;
+        // What the sandbox as a whole may take: both stages' (the launcher holds the compile
+        // stage to its own limits, the program's rlimits to the run stage's).
+        let sandbox = match &payload.compile {
+            Some(plan) => stage::sandbox_limits(&limits, plan),
+            None => limits,
+        };
+        let stage_ms = payload
+            .compile
+            .as_ref()
+            .map(|plan| plan.timeout_ms.saturating_add(stage::WATCHDOG_MARGIN_MS));
+        let timeouts = (inner.config.ceilings.timeout_ms(job), stage_ms);
+        let (req, events, cgroup_job) = self.hand_over(network, timeouts, &sandbox, &fds)?;
+        drop(fds);
         let _unregister = Unregister {
             waiters: &inner.waiters,
             req,
         };
         drop((payload_fd, stdin_fd, stdout_w, stderr_w, report_w));
+        // The stage's report carries its output, encoded (at most 6 bytes a byte, two streams).
+        let stage_output = payload
+            .compile
+            .as_ref()
+            .map_or(0, |plan| plan.limits.output_bytes.saturating_mul(12));
+        let stage_report = stage_pipe.map(|(r, w)| {
+            drop(w);
+            tokio::spawn(read_all(r, stage_output.saturating_add(64 * 1024)))
+        });
         // From here on, a dropped future must not leave the sandbox running.
         let mut kill_guard = KillGuard {
             engine: self,
@@ -231,7 +274,7 @@ impl Engine {
                     report,
                     capture: capture.as_mut(),
                 },
-                &limits,
+                &sandbox,
                 job.output_mode.unwrap_or_default(),
                 cancel,
             )
@@ -246,6 +289,13 @@ impl Engine {
                 .map_err(|e| tracing::warn!("job cgroup left behind: {e}"))
                 .ok()
         });
+        let compiled = match stage_report {
+            Some(task) => stage::read_report(&task.await.unwrap_or_default()),
+            None => None,
+        };
+        // The program's own figures, when its launcher lived to tell them.
+        let run_measured = watched.report.as_ref().is_some_and(|r| r.run.is_some());
+        let watchdog_killed = watched.exit.as_ref().is_some_and(|e| e.timed_out);
         let observed = Observed {
             report: watched.report,
             exit: watched.exit,
@@ -264,8 +314,21 @@ impl Engine {
             output_mode: job.output_mode.unwrap_or_default(),
         };
         let setup_errno = outcome::setup_error(&observed).and_then(SetupError::errno_value);
+        let outcome = outcome::fold(observed, terms);
+        let outcome = match &payload.compile {
+            Some(plan) => stage::settle(
+                outcome,
+                compiled,
+                plan,
+                stage::Ended {
+                    run_measured,
+                    watchdog_killed,
+                },
+            ),
+            None => outcome,
+        };
         Ok(RunEnd {
-            outcome: outcome::fold(observed, terms),
+            outcome,
             setup_errno,
         })
     }
