@@ -503,6 +503,7 @@ impl Broker {
             broker: self.clone(),
             keys: Keys::new(name)?,
             config: Arc::new(config),
+            groups_recreated: Arc::default(),
         })
     }
 
@@ -522,6 +523,22 @@ impl Broker {
     /// Whether the broker talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.opener, Opener::Cluster { .. })
+    }
+
+    /// The `run_id` of `INFO server`: a new one means the server restarted (or another took
+    /// its place), and may have lost data. `None` on a Redis Cluster, where it is one of many.
+    pub async fn run_id(&self) -> RedisResult<Option<String>> {
+        if self.is_cluster() {
+            return Ok(None);
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut self.connection())
+            .await?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned()))
     }
 
     pub(crate) fn opener(&self) -> &Opener {
@@ -721,6 +738,8 @@ pub struct Queue {
     pub(crate) broker: Broker,
     pub(crate) keys: Keys,
     pub(crate) config: Arc<QueueConfig>,
+    /// Times this handle (or a clone) found the consumer group gone and made it again.
+    pub(crate) groups_recreated: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Queue {
