@@ -58,8 +58,7 @@ async fn enqueue_read_complete_stores_exactly_one_result() {
     assert!(ttl > 86_000 && ttl <= 86_400, "done ttl {ttl}");
     // The wake stream: one entry with the status, gone within seconds (waiters that come
     // later find the result).
-    let wake: redis::streams::StreamRangeReply =
-        c.xrange_all(q.keys().wake(&id)).await.unwrap();
+    let wake: redis::streams::StreamRangeReply = c.xrange_all(q.keys().wake(&id)).await.unwrap();
     assert_eq!(wake.ids.len(), 1);
     assert_eq!(
         wake.ids[0].get::<String>("status").as_deref(),

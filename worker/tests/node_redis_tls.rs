@@ -401,14 +401,24 @@ async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
     let mut w = WorkerProc::start(
         &url,
         "lossy",
-        &["--queues", "lossy", "--slots", "1", "--visibility-timeout-ms", "3000"],
+        &[
+            "--queues",
+            "lossy",
+            "--slots",
+            "1",
+            "--visibility-timeout-ms",
+            "3000",
+        ],
     );
     w.wait_ready();
     let metrics = w.metrics_addr();
     let lossy = [("queue", "lossy")];
-    // A job in flight while Redis loses everything: its result cannot be stored.
+    // A job in flight while Redis loses everything (still running when the loss is seen, a
+    // second or two later): its result cannot be stored.
     let q = queue(&url, "lossy").await;
-    q.enqueue(&forkbox_queue::Job::shell("sleep 4")).await.unwrap();
+    q.enqueue(&forkbox_queue::Job::shell("sleep 10"))
+        .await
+        .unwrap();
     slots_busy(
         metrics,
         1.0,
