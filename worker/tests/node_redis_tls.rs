@@ -483,3 +483,68 @@ async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
         Some(1.0)
     );
 }
+
+/// A restart that keeps the data (append-only file) is seen through Redis' run id and said
+/// to have lost nothing: no data-loss warning, and the job running across it stores its result.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_restart_that_kept_its_data_is_no_loss() {
+    let mut server = RedisServer::start_with(RedisServerOptions {
+        appendonly: true,
+        ..RedisServerOptions::default()
+    })
+    .expect("redis-server");
+    let url = server.url();
+    let mut w = WorkerProc::start(
+        &url,
+        "kept",
+        &[
+            "--queues",
+            "kept",
+            "--slots",
+            "1",
+            "--visibility-timeout-ms",
+            "3000",
+        ],
+    );
+    w.wait_ready();
+    let metrics = w.metrics_addr();
+    let q = queue(&url, "kept").await;
+    let id = q
+        .enqueue(&forkbox_queue::Job::shell("sleep 6; echo kept"))
+        .await
+        .unwrap();
+    slots_busy(
+        metrics,
+        1.0,
+        std::time::Duration::from_secs(30),
+        "the job running",
+    )
+    .await;
+    server.restart().unwrap();
+    poll(
+        std::time::Duration::from_secs(60),
+        "the restart seen",
+        || {
+            let log = w.log();
+            async move {
+                log.contains("Redis restarted (its run id changed)")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let r = queue(&url, "kept")
+        .await
+        .wait_result(&id, std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the result of the job that ran across the restart");
+    assert_eq!(r.outcome.stdout, "kept\n");
+    let log = w.log();
+    assert!(!log.contains("Redis lost data"), "{log}");
+    let page = http_get(metrics, "/metrics").1;
+    assert_eq!(
+        metric(&page, "forkbox_redis_data_lost_total", &[("queue", "kept")]),
+        Some(0.0)
+    );
+}
