@@ -2,17 +2,23 @@
 --
 -- KEYS[1] result        KEYS[2] done list      KEYS[3] results stream   KEYS[4] batch hash
 -- KEYS[5] jobs stream   KEYS[6] reply_to stream  KEYS[7] idem marker    KEYS[8] dead stream
+-- KEYS[9] wake stream
 -- ARGV[1] result JSON   ARGV[2] TTL in seconds   ARGV[3] results MAXLEN  ARGV[4] status
 -- ARGV[5] group         ARGV[6] entry id         ARGV[7] '1' if batched  ARGV[8] '1' if reply_to
 -- ARGV[9] dead MAXLEN   ARGV[10] entries to read after ('0': none)   ARGV[11] reading consumer
--- ARGV[12..] dead-letter fields, name value ...; none when completing
+-- ARGV[12] how long the wake stream outlives the completion, in ms (at most the TTL)
+-- ARGV[13..] dead-letter fields, name value ...; none when completing
 --
 -- Fenced by delivery: only a completion whose entry is still pending in the group (delivered
 -- and not yet acknowledged, by whichever consumer holds it now) may store. A late completion
 -- of an entry another delivery already finished (a worker stalled past the visibility
 -- timeout, the entry was reclaimed, rerun and acknowledged) changes nothing, even once the
 -- first result has expired. A result that already exists wins too: the call then only
--- acknowledges. Returns 1 when this call stored the result, 0 when it did not.
+-- acknowledges. Returns 1 when this call stored the result, 0 when it did not, 2 when it did
+-- not and no result exists for the id either (the entry is gone: Redis lost it, or the result
+-- its first completion stored has expired).
+-- The wake stream gets one entry (field status) with the result, for waiters blocked on it with
+-- XREAD (a read-only command: a waiter needs no write right); it lives ARGV[12] ms.
 -- With ARGV[10] > 0, the call then reads up to that many new entries of KEYS[5] for consumer
 -- ARGV[11] (XREADGROUP without BLOCK) and returns {stored, entries}, or {stored, false, error}
 -- when the read failed; a refused completion reads nothing. A Redis Cluster client sees one
@@ -32,11 +38,14 @@ local function finish()
   -- The result key's type also says whether a result exists: nothing below writes it first.
   local refused, result_type = wrong_type(KEYS[1], 'string')
   refused = refused or wrong_type(KEYS[2], 'list') or wrong_type(KEYS[3], 'stream')
-    or (#ARGV > 11 and wrong_type(KEYS[8], 'stream'))
+    or wrong_type(KEYS[9], 'stream') or (#ARGV > 12 and wrong_type(KEYS[8], 'stream'))
   if refused then
     return refused
   end
   if redis.call('XACK', KEYS[5], ARGV[5], ARGV[6]) == 0 then
+    if result_type == 'none' then
+      return 2
+    end
     return 0
   end
   local stored = 0
@@ -45,6 +54,8 @@ local function finish()
     redis.call('SET', KEYS[1], ARGV[1], 'EX', ttl)
     redis.call('RPUSH', KEYS[2], ARGV[4])
     redis.call('EXPIRE', KEYS[2], ttl)
+    redis.call('XADD', KEYS[9], '*', 'status', ARGV[4])
+    redis.call('PEXPIRE', KEYS[9], ARGV[12])
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[3], '*', 'result', ARGV[1])
     -- pcall: these keys are named by the job; a wrong type there must not abort the completion
     -- half-way (scripts do not roll back).
@@ -63,9 +74,9 @@ local function finish()
     end
     stored = 1
   end
-  if #ARGV > 11 then
+  if #ARGV > 12 then
     local fields = {}
-    for i = 12, #ARGV do
+    for i = 13, #ARGV do
       fields[#fields + 1] = ARGV[i]
     end
     fields[#fields + 1] = 'result_stored'

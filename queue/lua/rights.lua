@@ -4,7 +4,7 @@
 -- ARGV[1] group   ARGV[2] consumer
 -- ARGV[3] jobs stream   ARGV[4] result   ARGV[5] done list   ARGV[6] results stream
 -- ARGV[7] dead stream   ARGV[8] idem marker   ARGV[9] batch hash   ARGV[10] worker heartbeat
--- ARGV[11] cancelled set
+-- ARGV[11] cancelled set   ARGV[12] wake stream
 -- The key names come as arguments, not KEYS: nothing here touches them, and Redis checks a
 -- script's KEYS against the caller's rights before it runs, which would fail with a NOPERM that
 -- names no key. (The queue's meta hash is checked by the layout check, which reads it first.)
@@ -15,7 +15,8 @@ if not redis.acl_check_cmd then
   return ''
 end
 local g, c = ARGV[1], ARGV[2]
-local KEYS = {ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]}
+local KEYS = {ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11],
+  ARGV[12]}
 local checks = {
   {'XREADGROUP', 'GROUP', g, c, 'STREAMS', KEYS[1], '>'},
   {'XACK', KEYS[1], g, '0-1'},
@@ -43,6 +44,8 @@ local checks = {
   {'EXPIRE', KEYS[7], '1'},
   {'SET', KEYS[8], 'x'},
   {'ZRANGEBYSCORE', KEYS[9], '0', '+inf'},
+  {'XADD', KEYS[10], '*', 'status', 'ok'},
+  {'PEXPIRE', KEYS[10], '1'},
 }
 for _, check in ipairs(checks) do
   if not redis.acl_check_cmd(unpack(check)) then

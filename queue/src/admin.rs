@@ -103,7 +103,8 @@ impl Queue {
                 .arg(k.idem(probe))
                 .arg(k.batch(probe))
                 .arg(k.worker(consumer))
-                .arg(k.cancelled()),
+                .arg(k.cancelled())
+                .arg(k.wake(probe)),
         );
         let (missing,): (String,) = self
             .broker

@@ -89,12 +89,12 @@ impl Queue {
     pub async fn job_state(&self, id: &str) -> Result<JobState, QueueError> {
         let (state, detail): (String, String) = SCRIPTS
             .job_state
-            .key(self.keys.done(id))
             .key(self.keys.idem(id))
             .key(self.keys.jobs())
             .arg(id)
             .arg(GROUP)
             .arg(self.keys.result(id))
+            .arg(self.keys.done(id))
             .checked()
             .invoke_async(&mut self.conn())
             .await

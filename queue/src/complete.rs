@@ -1,7 +1,8 @@
 //! Finishing deliveries: results and dead letters.
 //!
 //! Both go through `lua/complete.lua`, which declares every key it touches and does, in one
-//! atomic step: store the result with its TTL, push the wake-up element on the `done` list,
+//! atomic step: store the result with its TTL, push the wake-up element on the `done` list and
+//! the `wake` stream,
 //! append to the results stream (and the job's `reply_to` stream), bump the batch counters,
 //! XACK and XDEL the entry (and, for a dead letter, XADD it to the dead stream). Completions
 //! are fenced by delivery: the script stores only when its XACK acknowledged the entry, i.e.
@@ -13,7 +14,7 @@
 //! working through a backlog spends one round trip per job, not two.
 
 use crate::error::QueueError;
-use crate::keys::GROUP;
+use crate::keys::{GROUP, WAKE_LINGER_MS};
 use crate::queue::{now_ms, Queue};
 use crate::schema::{JobResult, Outcome, Status};
 use crate::scripts::SCRIPTS;
@@ -29,6 +30,11 @@ pub enum Completion {
     /// Nothing stored: a result already existed (the entry was only acknowledged), or the
     /// entry was no longer pending (another delivery of it finished first).
     Duplicate,
+    /// Nothing stored, and no result exists for the id: the entry was no longer pending and
+    /// its result is nowhere. Redis lost the entry (a restart without persistence, a flush, a
+    /// failover to a replica that never had it), or the result of the delivery that finished
+    /// it first has expired since.
+    Lost,
 }
 
 struct Finish<'a> {
@@ -483,6 +489,7 @@ impl Queue {
                 .key(reply_key)
                 .key(k.idem(id))
                 .key(k.dead())
+                .key(k.wake(id))
                 .arg(&f.result_json)
                 .arg(f.ttl)
                 .arg(self.config.results_maxlen)
@@ -493,7 +500,8 @@ impl Queue {
                 .arg(if f.reply_to.is_some() { "1" } else { "0" })
                 .arg(self.config.dead_maxlen)
                 .arg(count)
-                .arg(consumer);
+                .arg(consumer)
+                .arg((f.ttl.saturating_mul(1000)).min(WAKE_LINGER_MS));
             if let Some(fields) = &f.dead {
                 for (name, value) in fields {
                     inv.arg(*name).arg(value.as_slice());
@@ -517,11 +525,12 @@ impl Queue {
     }
 }
 
-/// `complete.lua`'s reply: 1 when it stored the result.
+/// `complete.lua`'s reply: 1 when it stored the result, 2 when nothing was stored and no
+/// result exists.
 fn completion(stored: i64) -> Completion {
-    if stored == 1 {
-        Completion::Stored
-    } else {
-        Completion::Duplicate
+    match stored {
+        1 => Completion::Stored,
+        2 => Completion::Lost,
+        _ => Completion::Duplicate,
     }
 }

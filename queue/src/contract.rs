@@ -114,6 +114,7 @@ pub fn contract() -> Value {
             "jobs": q.jobs(),
             "result": q.result("<id>"),
             "done": q.done("<id>"),
+            "wake": q.wake("<id>"),
             "results": q.results(),
             "dead": q.dead(),
             "batch": q.batch("<batch>"),

@@ -205,18 +205,28 @@ fn valid_id(id: &str) -> bool {
 }
 
 impl Queue {
-    /// Recreates the consumer group after a command found it gone, saying what that means. The
-    /// group is made before the first read and never deleted: Redis lost it (a restart without
-    /// persistence, a `FLUSHALL`, a failover to an empty replica), and with it every queued job
-    /// and stored result of the stream.
+    /// Recreates the consumer group after a command found it gone. The group is made before
+    /// the first read and never deleted: Redis lost it (a restart without persistence, a
+    /// `FLUSHALL`, a failover to an empty replica), and with it every queued job and stored
+    /// result of the stream, and every entry delivered before. Counted in
+    /// [`Queue::groups_recreated`], so that whoever holds deliveries (a worker node) can say
+    /// what it lost; logged here at `info` only.
     pub(crate) async fn recreate_lost_group(&self) -> Result<(), QueueError> {
-        tracing::warn!(
-            "Redis lost data: the consumer group {GROUP} of {} is gone (Redis restarted without \
-             persistence, or was flushed); recreating it. Jobs queued and results stored before \
-             are lost; results of jobs running now cannot be stored (their entries are gone)",
+        tracing::info!(
+            "the consumer group {GROUP} of {} is gone (Redis lost its data); recreating it",
             self.keys.jobs()
         );
-        self.ensure_group().await
+        self.ensure_group().await?;
+        self.groups_recreated
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many times this queue handle (or a clone of it) found its consumer group gone and
+    /// made it again: each time, Redis had lost the stream's data.
+    pub fn groups_recreated(&self) -> u64 {
+        self.groups_recreated
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     pub(crate) fn read_err(&self, source: redis::RedisError) -> QueueError {

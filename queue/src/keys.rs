@@ -35,6 +35,11 @@ pub const REPLIES_PREFIX: &str = "replies:";
 /// Longest `<name>` of a `reply_to` key.
 pub const MAX_REPLY_NAME_LEN: usize = 128;
 
+/// How long a job's `wake:<id>` stream outlives its completion (less when the result's TTL is
+/// shorter): long enough for a waiter that found no result to start its blocking `XREAD`. A
+/// waiter that comes later finds the result itself.
+pub const WAKE_LINGER_MS: u64 = 10_000;
+
 /// Most partitions a queue may have: each gets a band of at least 64 slots.
 pub const MAX_PARTITIONS: usize = 256;
 
@@ -191,6 +196,13 @@ impl Keys {
         format!("{}done:{id}", self.prefix)
     }
 
+    /// `forkbox:{Q}:wake:<id>` — a stream that gets one entry (the status) at completion and
+    /// lives a few seconds ([`WAKE_LINGER_MS`]): waiters block on it with `XREAD`, a read-only
+    /// command, so waiting needs no write right.
+    pub fn wake(&self, id: &str) -> String {
+        format!("{}wake:{id}", self.prefix)
+    }
+
     /// `forkbox:{Q}:results` — the capped stream of every result.
     pub fn results(&self) -> String {
         format!("{}results", self.prefix)
@@ -311,6 +323,7 @@ mod tests {
         assert_eq!(k.jobs(), "forkbox:{default}:jobs");
         assert_eq!(k.result("a"), "forkbox:{default}:result:a");
         assert_eq!(k.done("a"), "forkbox:{default}:done:a");
+        assert_eq!(k.wake("a"), "forkbox:{default}:wake:a");
         assert_eq!(k.results(), "forkbox:{default}:results");
         assert_eq!(k.dead(), "forkbox:{default}:dead");
         assert_eq!(k.batch("b"), "forkbox:{default}:batch:b");
@@ -336,6 +349,7 @@ mod tests {
             "forkbox:{default}:results",
             "forkbox:{default}:result:a",
             "forkbox:{default}:done:a",
+            "forkbox:{default}:wake:a",
             "forkbox:{default}:jobs",
             "forkbox:{default}:dead",
             "forkbox:{default}:batch:b",

@@ -46,6 +46,7 @@ impl Broker {
                     broker: self.clone(),
                     keys: crate::keys::Keys::partition(name, p, partitions)?,
                     config: config.clone(),
+                    groups_recreated: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>, QueueError>>()?;

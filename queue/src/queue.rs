@@ -4,7 +4,7 @@
 //! Cluster ([`Endpoint`]): one shared [`Connection`] for ordinary commands (a self-replacing
 //! [`Link`] to a single server, or a cluster connection that follows `MOVED`/`ASK` and
 //! refreshes its slot map after a failover), a small pool of dedicated connections for blocking
-//! commands (a blocking XREADGROUP or BLMOVE on the shared multiplexed connection would stall
+//! commands (a blocking XREADGROUP or XREAD on the shared multiplexed connection would stall
 //! every other command behind it), and the Lua scripts. Every key of a queue carries its `{Q}`
 //! hash tag, so each command, pipeline and script of the operations touches one slot and runs
 //! unchanged on either kind of connection. No connection waits long for Redis: connecting is bounded
@@ -42,7 +42,8 @@ pub struct QueueConfig {
     pub visibility_timeout_ms: u64,
     /// Deliveries allowed before an entry is dead-lettered.
     pub max_attempts: u32,
-    /// Lifetime of results, `done` lists, batch counters and idempotency markers.
+    /// Lifetime of results, `done` lists, batch counters and idempotency markers (a `wake`
+    /// stream lives at most [`WAKE_LINGER_MS`](crate::keys::WAKE_LINGER_MS)).
     pub result_ttl_s: u64,
     /// Approximate cap (`MAXLEN ~`) of the results stream and of `reply_to` streams.
     pub results_maxlen: u64,
@@ -480,6 +481,7 @@ impl Broker {
             broker: self.clone(),
             keys: Keys::new(name)?,
             config: Arc::new(config),
+            groups_recreated: Arc::default(),
         })
     }
 
@@ -499,6 +501,22 @@ impl Broker {
     /// Whether the broker talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.opener, Opener::Cluster { .. })
+    }
+
+    /// The `run_id` of `INFO server`: a new one means the server restarted (or another took
+    /// its place), and may have lost data. `None` on a Redis Cluster, where it is one of many.
+    pub async fn run_id(&self) -> RedisResult<Option<String>> {
+        if self.is_cluster() {
+            return Ok(None);
+        }
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut self.connection())
+            .await?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned()))
     }
 
     pub(crate) fn opener(&self) -> &Opener {
@@ -702,6 +720,8 @@ pub struct Queue {
     pub(crate) broker: Broker,
     pub(crate) keys: Keys,
     pub(crate) config: Arc<QueueConfig>,
+    /// Times this handle (or a clone) found the consumer group gone and made it again.
+    pub(crate) groups_recreated: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Queue {

@@ -289,6 +289,8 @@ impl Queue {
     /// timeout or so. Returns the entry ids the consumer no longer owns: another worker
     /// reclaimed them (this worker stalled past the timeout) or they were acknowledged. The
     /// worker may stop such a job; completing it anyway is harmless (the first result wins).
+    /// A consumer group found gone (Redis lost its data) is made again, and every one of
+    /// `entry_ids` is returned: they went with it.
     pub async fn refresh_claims(
         &self,
         consumer: &str,
@@ -297,7 +299,7 @@ impl Queue {
         if entry_ids.is_empty() {
             return Ok(Vec::new());
         }
-        SCRIPTS
+        let r = SCRIPTS
             .refresh_claims
             .key(self.keys.jobs())
             .arg(GROUP)
@@ -305,10 +307,17 @@ impl Queue {
             .arg(entry_ids)
             .checked()
             .invoke_async(&mut self.conn())
-            .await
-            .map_err(|source| QueueError::RefreshClaims {
+            .await;
+        match r {
+            // A script's error carries the code after the script's own words.
+            Err(e) if e.code() == Some("NOGROUP") || e.to_string().contains("NOGROUP") => {
+                self.recreate_lost_group().await?;
+                Ok(entry_ids.to_vec())
+            }
+            r => r.map_err(|source| QueueError::RefreshClaims {
                 queue: self.name().to_owned(),
                 source,
-            })
+            }),
+        }
     }
 }

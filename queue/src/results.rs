@@ -1,11 +1,12 @@
 //! Reading results.
 //!
-//! A result is a string key with a TTL; completion also pushes one element (the status) onto
-//! the list `forkbox:{Q}:done:<id>`, so a client can block on it instead of polling. A plain
-//! `BLPOP` consumes that element: fine for one waiter. [`Queue::wait_result`] is non-destructive
-//! instead: it blocks with `BLMOVE done done RIGHT LEFT`, which rotates the one-element list
-//! onto itself, so every waiter blocked on the same id is woken in turn and the list (and its
-//! TTL) stays for later waiters.
+//! A result is a string key with a TTL; completion also adds one entry (field `status`) to the
+//! stream `forkbox:{Q}:wake:<id>`, which lives a few seconds, so a client can block on it
+//! instead of polling. [`Queue::wait_result`] reads the result, and while there is none blocks
+//! with `XREAD BLOCK <ms> STREAMS wake:<id> <last seen>`: a read-only command, so a waiter needs
+//! no write right (the submitter's ACL role has none near results), any number of waiters wake
+//! at once, and none takes anything from the others. The `done:<id>` list (for `BLPOP`) is
+//! still pushed, for clients that wait with it.
 
 use std::time::{Duration, Instant};
 
@@ -13,8 +14,10 @@ use crate::error::QueueError;
 use crate::queue::Queue;
 use crate::schema::JobResult;
 
-/// Longest single block of [`Queue::wait_result`]. A waiter blocked while some other client's
-/// BLPOP takes the element is not woken; it notices the result at the end of this slice.
+/// Longest single block of [`Queue::wait_result`]. A waiter that started its block after the
+/// wake stream expired (it found no result, and the completion and the stream's
+/// [`WAKE_LINGER_MS`](crate::keys::WAKE_LINGER_MS) both passed before its `XREAD` arrived) is
+/// not woken; it finds the result at the end of this slice.
 const WAIT_SLICE: Duration = Duration::from_secs(2);
 
 impl Queue {
@@ -50,7 +53,10 @@ impl Queue {
         timeout: Duration,
     ) -> Result<Option<JobResult>, QueueError> {
         let deadline = Instant::now() + timeout;
-        let done = self.keys.done(id);
+        let wake = self.keys.wake(id);
+        // Entries after this id wake the waiter: from the start, then after the last one seen,
+        // so an entry that woke it once without a result (one deleted since) does not again.
+        let mut after = "0-0".to_owned();
         loop {
             if let Some(r) = self.result(id).await? {
                 return Ok(Some(r));
@@ -59,28 +65,32 @@ impl Queue {
             if left.is_zero() {
                 return Ok(None);
             }
-            // Redis takes fractional seconds; 0 would mean forever, so never send less than 1 ms.
-            let block = left.min(WAIT_SLICE).as_secs_f64().max(0.001);
+            // BLOCK takes milliseconds; 0 would mean forever, so never send less than 1.
+            let block = left.min(WAIT_SLICE).as_millis().max(1) as u64;
             let cmd = {
-                let mut c = redis::cmd("BLMOVE");
-                c.arg(&done)
-                    .arg(&done)
-                    .arg("RIGHT")
-                    .arg("LEFT")
-                    .arg(format!("{block:.3}"));
+                let mut c = redis::cmd("XREAD");
+                c.arg("COUNT")
+                    .arg(1)
+                    .arg("BLOCK")
+                    .arg(block)
+                    .arg("STREAMS")
+                    .arg(&wake)
+                    .arg(&after);
                 c
             };
             let woke = self
-                .run_read(&cmd, Some(Duration::from_secs_f64(block)))
+                .run_read(&cmd, Some(Duration::from_millis(block)))
                 .await
                 .map_err(|e| self.results_err(e))?;
-            // The result is stored before the wake-up element, in one script: it is there now,
-            // unless it expired meanwhile. A wake-up without one (a `done:` entry pushed by
-            // some other client: a submitter's ACL role may write there to wait) is no
-            // answer: wait on.
+            // The result is stored with the wake-up entry, in one script: it is there now,
+            // unless it expired or was deleted meanwhile (then wait on past that entry).
             if woke != redis::Value::Nil {
-                if let Some(r) = self.result(id).await? {
-                    return Ok(Some(r));
+                if let Some(last) = crate::reply::xread(&woke)
+                    .into_iter()
+                    .flat_map(|(_, entries)| entries)
+                    .next_back()
+                {
+                    after = last.id;
                 }
             }
         }

@@ -401,12 +401,12 @@ mod tests {
         // The body reads a key the header does not name.
         let extra_key = complete.replace(
             "redis.call('XDEL', KEYS[5], ARGV[6])",
-            "redis.call('XDEL', KEYS[9], ARGV[6])",
+            "redis.call('XDEL', KEYS[10], ARGV[6])",
         );
         assert_ne!(extra_key, complete);
         let found = mismatches(&extra_key);
         assert!(
-            found.contains(&"KEYS[9]: used, but not in the header".to_owned()),
+            found.contains(&"KEYS[10]: used, but not in the header".to_owned()),
             "{found:?}"
         );
         assert!(!found.iter().any(|m| m.starts_with("KEYS[5]")), "{found:?}");
@@ -528,10 +528,15 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "a call of job_state passes 2 keys")]
+    #[should_panic(expected = "a call of job_state passes 3 keys")]
     fn a_checked_call_of_the_wrong_shape_panics_in_debug_builds() {
         let mut inv = SCRIPTS.job_state.key("done");
-        inv.key("idem").arg("id").arg("g").arg("result");
+        inv.key("idem")
+            .key("jobs")
+            .arg("id")
+            .arg("g")
+            .arg("result")
+            .arg("done");
         inv.checked();
     }
 

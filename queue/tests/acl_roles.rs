@@ -120,7 +120,12 @@ async fn each_role_can_do_its_work_and_nothing_else() {
         panic!("submitter: {e}; ACL log: {}", acl_log(&server).await);
     }
 
-    // The worker reads and completes; the submitter's wait sees the result.
+    // The worker reads and completes; the submitter's wait, blocked before the completion,
+    // sees the result.
+    let waiter = {
+        let sq = sq.clone();
+        tokio::spawn(async move { sq.wait_result("acl-1", Duration::from_secs(20)).await })
+    };
     let got = wq.read("w1", 10, 100).await.unwrap();
     assert_eq!(got.len(), 3, "{got:?}");
     let d = got.iter().find(|d| d.id == "acl-1").unwrap();
@@ -131,11 +136,17 @@ async fn each_role_can_do_its_work_and_nothing_else() {
     if let Err(e) = wq.complete(d, &result).await {
         panic!("worker complete: {e}; ACL log: {}", acl_log(&server).await);
     }
-    let waited = sq
+    let waited = match waiter.await.unwrap() {
+        Ok(r) => r,
+        Err(e) => panic!("submitter wait: {e}; ACL log: {}", acl_log(&server).await),
+    };
+    assert_eq!(waited.map(|r| r.id), Some("acl-1".to_owned()));
+    // A wait that starts after the completion finds the result at once.
+    let again = sq
         .wait_result("acl-1", Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(waited.map(|r| r.id), Some("acl-1".to_owned()));
+    assert_eq!(again.map(|r| r.id), Some("acl-1".to_owned()));
     wq.reclaim("w2", 0, 10).await.unwrap();
     wq.stats().await.unwrap();
 
@@ -161,7 +172,28 @@ async fn each_role_can_do_its_work_and_nothing_else() {
         redis::cmd("XADD").arg(k.dead()).arg("*").arg("x").arg("y"),
     )
     .await;
+    // Nor any key a waiter blocks on: a wait only reads (a blocking XREAD of `wake:<id>`).
     refused(&mut sc, redis::cmd("RPUSH").arg(k.done("acl-raw")).arg("1")).await;
+    refused(&mut sc, redis::cmd("RPUSH").arg(k.done("acl-1")).arg("ok")).await;
+    refused(
+        &mut sc,
+        redis::cmd("BLMOVE")
+            .arg(k.done("acl-1"))
+            .arg(k.done("acl-1"))
+            .arg("RIGHT")
+            .arg("LEFT")
+            .arg("0.01"),
+    )
+    .await;
+    refused(
+        &mut sc,
+        redis::cmd("XADD")
+            .arg(k.wake("acl-raw"))
+            .arg("*")
+            .arg("status")
+            .arg("ok"),
+    )
+    .await;
     refused(
         &mut sc,
         redis::cmd("XACK").arg(k.jobs()).arg("workers").arg("0-1"),

@@ -48,10 +48,12 @@ async fn a_late_completion_after_the_first_result_expired_stores_nothing() {
         q.result("late").await.unwrap().is_none().then_some(())
     })
     .await;
-    // A wakes up and completes its stale delivery.
+    // A wakes up and completes its stale delivery: nothing stored, and since no result is
+    // left for the id, it is reported as an entry whose result is nowhere (as after Redis lost
+    // it), not as a duplicate of a live result.
     assert_eq!(
         q.complete(&a, &ok_result(&a, "from a", "a")).await.unwrap(),
-        Completion::Duplicate
+        Completion::Lost
     );
     assert_eq!(results_entries(&q).await, 1, "one result for one entry");
     assert!(

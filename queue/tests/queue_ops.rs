@@ -57,6 +57,20 @@ async fn enqueue_read_complete_stores_exactly_one_result() {
     assert!(ttl > 86_000 && ttl <= 86_400, "result ttl {ttl}");
     let ttl: i64 = c.ttl(q.keys().done(&id)).await.unwrap();
     assert!(ttl > 86_000 && ttl <= 86_400, "done ttl {ttl}");
+    // The wake stream: one entry with the status, gone within seconds (waiters that come
+    // later find the result).
+    let wake: redis::streams::StreamRangeReply = c.xrange_all(q.keys().wake(&id)).await.unwrap();
+    assert_eq!(wake.ids.len(), 1);
+    assert_eq!(
+        wake.ids[0].get::<String>("status").as_deref(),
+        Some("ok"),
+        "{wake:?}"
+    );
+    let pttl: i64 = c.pttl(q.keys().wake(&id)).await.unwrap();
+    assert!(
+        pttl > 0 && pttl <= forkbox_queue::keys::WAKE_LINGER_MS as i64,
+        "wake pttl {pttl}"
+    );
     assert!(q.read("w1", 10, 0).await.unwrap().is_empty());
 }
 
@@ -191,8 +205,19 @@ async fn wait_result_wakes_several_waiters_and_times_out_cleanly() {
         let r = w.await.unwrap().unwrap().expect("woken with the result");
         assert_eq!(r.outcome.stdout, "x");
     }
-    // The wake-up element is still there for a later BLPOP.
+    // A wake-up entry without a result (one deleted since) does not make a waiter spin: it
+    // waits past that entry.
     let mut c = conn(&q).await;
+    let _: () = c.del(q.keys().result(&id)).await.unwrap();
+    let trips = q.broker().round_trips().get();
+    assert!(q
+        .wait_result(&id, Duration::from_millis(1500))
+        .await
+        .unwrap()
+        .is_none());
+    let used = q.broker().round_trips().get() - trips;
+    assert!(used < 10, "{used} round trips for one wait");
+    // The wake-up element is still there for a later BLPOP.
     let n: usize = c.llen(q.keys().done(&id)).await.unwrap();
     assert_eq!(n, 1);
 }

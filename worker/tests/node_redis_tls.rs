@@ -382,8 +382,35 @@ async fn check_says_whether_redis_keeps_its_data() {
 async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
     let mut server = start_redis();
     let url = server.url();
-    let mut w = WorkerProc::start(&url, "lossy", &["--queues", "lossy", "--slots", "1"]);
+    // Claims refreshed every second: the loss is reported within a second or two.
+    let mut w = WorkerProc::start(
+        &url,
+        "lossy",
+        &[
+            "--queues",
+            "lossy",
+            "--slots",
+            "1",
+            "--visibility-timeout-ms",
+            "3000",
+        ],
+    );
     w.wait_ready();
+    let metrics = w.metrics_addr();
+    let lossy = [("queue", "lossy")];
+    // A job in flight while Redis loses everything (still running when the loss is seen, a
+    // second or two later): its result cannot be stored.
+    let q = queue(&url, "lossy").await;
+    q.enqueue(&forkbox_queue::Job::shell("sleep 10"))
+        .await
+        .unwrap();
+    slots_busy(
+        metrics,
+        1.0,
+        std::time::Duration::from_secs(30),
+        "the job running",
+    )
+    .await;
     // No persistence: the restarted server is empty, the consumer group included.
     server.restart().unwrap();
     let log = poll(
@@ -395,7 +422,26 @@ async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
         },
     )
     .await;
-    assert!(log.contains("forkbox:{lossy}:jobs"), "{log}");
+    let warning = log
+        .lines()
+        .find(|l| l.contains("Redis lost data"))
+        .unwrap()
+        .to_owned();
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("forkbox:{lossy}:jobs"), "{warning}");
+    assert!(warning.contains("is recreated"), "{warning}");
+    assert!(
+        warning.contains("1 in-flight result(s) of this node cannot be stored"),
+        "{warning}"
+    );
+    let m = metrics;
+    tokio::task::spawn_blocking(move || {
+        metric_reaches(m, "forkbox_redis_data_lost_total", &lossy, 1.0);
+        // The job ends, and its completion finds the entry gone: counted, not stored.
+        metric_reaches(m, "forkbox_results_lost_total", &lossy, 1.0);
+    })
+    .await
+    .unwrap();
     let out = cli(
         &[
             "submit",
@@ -413,4 +459,77 @@ async fn a_redis_that_lost_its_data_is_named_and_the_node_serves_on() {
     .await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "still here\n");
+    // One warning for one loss.
+    let log = w.log();
+    assert_eq!(log.matches("Redis lost data").count(), 1, "{log}");
+    let page = http_get(metrics, "/metrics").1;
+    assert_eq!(
+        metric(&page, "forkbox_redis_data_lost_total", &lossy),
+        Some(1.0)
+    );
+}
+
+/// A restart that keeps the data (append-only file) is seen through Redis' run id and said
+/// to have lost nothing: no data-loss warning, and the job running across it stores its result.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redis_restart_that_kept_its_data_is_no_loss() {
+    let mut server = RedisServer::start_with(RedisServerOptions {
+        appendonly: true,
+        ..RedisServerOptions::default()
+    })
+    .expect("redis-server");
+    let url = server.url();
+    let mut w = WorkerProc::start(
+        &url,
+        "kept",
+        &[
+            "--queues",
+            "kept",
+            "--slots",
+            "1",
+            "--visibility-timeout-ms",
+            "3000",
+        ],
+    );
+    w.wait_ready();
+    let metrics = w.metrics_addr();
+    let q = queue(&url, "kept").await;
+    let id = q
+        .enqueue(&forkbox_queue::Job::shell("sleep 6; echo kept"))
+        .await
+        .unwrap();
+    slots_busy(
+        metrics,
+        1.0,
+        std::time::Duration::from_secs(30),
+        "the job running",
+    )
+    .await;
+    server.restart().unwrap();
+    poll(
+        std::time::Duration::from_secs(60),
+        "the restart seen",
+        || {
+            let log = w.log();
+            async move {
+                log.contains("Redis restarted (its run id changed)")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let r = queue(&url, "kept")
+        .await
+        .wait_result(&id, std::time::Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the result of the job that ran across the restart");
+    assert_eq!(r.outcome.stdout, "kept\n");
+    let log = w.log();
+    assert!(!log.contains("Redis lost data"), "{log}");
+    let page = http_get(metrics, "/metrics").1;
+    assert_eq!(
+        metric(&page, "forkbox_redis_data_lost_total", &[("queue", "kept")]),
+        Some(0.0)
+    );
 }

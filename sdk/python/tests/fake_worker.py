@@ -86,6 +86,8 @@ class FakeWorker:
         pipe.set(f"{self.p}:result:{job_id}", text, ex=600)
         pipe.rpush(f"{self.p}:done:{job_id}", result["status"])
         pipe.expire(f"{self.p}:done:{job_id}", 600)
+        pipe.xadd(f"{self.p}:wake:{job_id}", {"status": result["status"]})
+        pipe.pexpire(f"{self.p}:wake:{job_id}", 10_000)
         if self.write_results_stream:
             pipe.xadd(f"{self.p}:results", {"result": text}, maxlen=10000, approximate=True)
         if batch:

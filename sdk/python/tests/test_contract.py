@@ -45,6 +45,7 @@ def test_key_layout_matches() -> None:
     assert q.results_key == sub("results")
     assert q.result_key("j") == sub("result", id="j")
     assert q.done_key("j") == sub("done", id="j")
+    assert q.wake_key("j") == sub("wake", id="j")
     assert q.batch_key("b") == sub("batch", batch="b")
     assert q.idem_key("j") == sub("idem", id="j")
     assert SCHEMA["stream_fields"] == {"job": "job", "vetted": "vetted", "result": "result"}

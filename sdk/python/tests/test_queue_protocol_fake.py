@@ -31,7 +31,7 @@ def test_submit_writes_the_documented_entry(redis_url: str, fake_worker: FakeWor
     res = q.result(job_id, timeout=10)
     assert res.stdout == "hello\n" and res.id == job_id
     r = redis.Redis.from_url(redis_url)
-    # The done list was consumed by our BLPOP or never needed; the result stays.
+    # The waiter only read; the result stays.
     assert r.exists(f"forkbox:{{{fake_worker.queue}}}:result:{job_id}") == 1
     with pytest.raises(ValueError, match="queue name"):
         Queue(redis_url, queue="a:b")
@@ -91,7 +91,7 @@ def test_several_waiters_on_one_id(redis_url: str, fake_worker: FakeWorker) -> N
     for t in ts:
         t.join()
     assert got == {0: "ok", 1: "ok", 2: "ok"}
-    # BLMOVE keeps the wake-up element for later waiters (and for redis-cli users).
+    # Waiting takes nothing: the done list keeps its element for BLPOP users.
     assert redis.Redis.from_url(redis_url).llen(f"forkbox:{{{fake_worker.queue}}}:done:{job_id}") == 1
 
 

@@ -39,6 +39,8 @@ pub const RECLAIMED: &str = "forkbox_reclaimed_total";
 pub const RECOVERED: &str = "forkbox_recovered_total";
 pub const DEAD_LETTERS: &str = "forkbox_dead_letter_total";
 pub const WATCHDOG_OVERSHOOT: &str = "forkbox_watchdog_overshoot_seconds";
+pub const REDIS_DATA_LOST: &str = "forkbox_redis_data_lost_total";
+pub const RESULTS_LOST: &str = "forkbox_results_lost_total";
 
 /// Job wall time: 1 ms to 10 min.
 const DURATION_BUCKETS: &[f64] = &[
@@ -120,6 +122,16 @@ fn describe() {
     );
     describe_counter!(DEAD_LETTERS, "Entries moved to the dead-letter stream.");
     describe_counter!(REDIS_ERRORS, "Failed Redis calls.");
+    describe_counter!(
+        REDIS_DATA_LOST,
+        "Times the node saw Redis lose the queue's data (its consumer group gone, or a restart \
+         that took entries the node held)."
+    );
+    describe_counter!(
+        RESULTS_LOST,
+        "Results computed and not stored: the entry was gone and no result existed (lost with \
+         Redis' data)."
+    );
     describe_histogram!(
         WATCHDOG_OVERSHOOT,
         Unit::Seconds,
@@ -140,6 +152,8 @@ pub fn register(queues: &[String], slots: usize) {
         metrics::counter!(RECLAIMED, "queue" => q.clone()).absolute(0);
         metrics::counter!(RECOVERED, "queue" => q.clone()).absolute(0);
         metrics::counter!(DEAD_LETTERS, "queue" => q.clone()).absolute(0);
+        metrics::counter!(REDIS_DATA_LOST, "queue" => q.clone()).absolute(0);
+        metrics::counter!(RESULTS_LOST, "queue" => q.clone()).absolute(0);
         // Touching a histogram registers it; it renders with zero counts until the first sample.
         let _ = metrics::histogram!(JOB_DURATION, "queue" => q.clone());
         let _ = metrics::histogram!(SPAWN, "queue" => q.clone());

@@ -27,6 +27,8 @@
 //! - [`metrics`]: the Prometheus recorder and the tiny HTTP responder for `/metrics` and
 //!   `/healthz`.
 //! - [`health`]: Redis error accounting and back-off.
+//! - [`data_loss`]: seeing Redis lose data under the node, and the one warning that says what
+//!   was lost.
 //! - [`gate`]: the bounds on a listening socket (connections, time to send a request head)
 //!   and the node's descriptor headroom.
 //! - [`preflight`]: what the node checks of its Redis before it reads (eviction policy, largest
@@ -39,6 +41,7 @@
 pub mod admission;
 pub mod cancel;
 pub mod config;
+pub mod data_loss;
 pub mod disposition;
 pub mod error;
 #[cfg(test)]

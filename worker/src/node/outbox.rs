@@ -519,6 +519,15 @@ impl Store {
             Some(Completion::Duplicate) => {
                 tracing::debug!(queue, "job {} already had a result; acknowledged", d.id)
             }
+            Some(Completion::Lost) => {
+                ::metrics::counter!(m::RESULTS_LOST, "queue" => queue.to_owned()).increment(1);
+                tracing::info!(
+                    queue,
+                    "job {} finished ({status}), result not stored: its entry is gone and no \
+                     result exists (lost with Redis' data)",
+                    d.id
+                );
+            }
             None => tracing::warn!(
                 queue,
                 "job {} moved to the dead-letter stream without a result",

@@ -8,12 +8,15 @@
 //! `forkbox_dead_letter_length` (each by `queue`); every few visibility timeouts it
 //! removes consumers that hold nothing and whose heartbeat expired (the queue crate's script
 //! checks both atomically, so a dead worker's entries are reclaimed before its consumer goes).
+//! The claim refresh is also where a loss of Redis' data is reported
+//! ([`data_loss`](crate::node::data_loss)).
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use forkbox_queue::QueueSet;
 
+use crate::node::data_loss::LossWatch;
 use crate::node::health::RedisHealth;
 use crate::node::held::Held;
 use crate::node::metrics as m;
@@ -36,11 +39,15 @@ pub async fn run(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let now = Instant::now();
     let (mut next_refresh, mut next_lag, mut next_cleanup) = (now, now, now + cleanup_every);
+    let mut losses = LossWatch::default();
     loop {
         tick.tick().await;
         let now = Instant::now();
         if now >= next_refresh {
             next_refresh = now + refresh_every;
+            if let Some(first) = set.queues().first() {
+                losses.check_restart(first.broker(), set.queues()).await;
+            }
             for q in set.queues() {
                 if let Err(e) = q.heartbeat(&worker, heartbeat_ttl).await {
                     health.failed("renewing the heartbeat", &e);
@@ -55,6 +62,11 @@ pub async fn run(
                 let ids = held.of(q.name(), q.keys().partition_index());
                 match q.refresh_claims(&worker, &ids).await {
                     Ok(lost) => {
+                        let held_now = held.of(q.name(), q.keys().partition_index());
+                        let gone = lost.iter().filter(|e| held_now.contains(e)).count();
+                        if losses.settle(q, gone) {
+                            continue;
+                        }
                         for entry in lost {
                             // Either acknowledged meanwhile, or another node took it while this
                             // one stalled; the first stored result wins either way.

@@ -5,7 +5,8 @@ key of one queue lives in one slot and multi-key commands work):
 
 - ``forkbox:{Q}:jobs``            stream; ``XADD ... * job <job JSON>`` submits a job
 - ``forkbox:{Q}:result:<id>``     string; the result JSON once the job finished
-- ``forkbox:{Q}:done:<id>``       list; receives one element at completion (``BLMOVE`` wakes on it)
+- ``forkbox:{Q}:done:<id>``       list; receives one element at completion (for ``BLPOP``)
+- ``forkbox:{Q}:wake:<id>``       stream; one entry at completion, for a few seconds (``XREAD`` wakes on it)
 - ``forkbox:{Q}:results``         stream of every result (field ``result``)
 - ``forkbox:{Q}:batch:<batch>``   hash; ``total`` (the client's), ``done`` and one field per status
 - ``forkbox:{Q}:cancelled``       sorted set id -> cancel time (ms); ``forkbox:{Q}:cancel`` channel
@@ -304,6 +305,9 @@ class Queue:
     def done_key(self, job_id: str) -> str:
         return key("done", self._tag(job_id), id=job_id)
 
+    def wake_key(self, job_id: str) -> str:
+        return key("wake", self._tag(job_id), id=job_id)
+
     def batch_key(self, batch_id: str, partition: int = 0) -> str:
         """A batch's counters on ``partition`` (each partition counts its own jobs)."""
         return key("batch", self.tags[partition], batch=batch_id)
@@ -497,11 +501,13 @@ class Queue:
         """Waits for a job's result (``timeout`` seconds; ``None`` waits as long as it takes).
 
         Raises :class:`Timeout` when the wait runs out, and :class:`JobRejected` when the
-        worker refused the job as malformed. Several clients may wait on one id: the wait uses
-        ``BLMOVE done done``, which leaves the wake-up element in place (docs/protocol.md).
+        worker refused the job as malformed. Several clients may wait on one id: the wait is a
+        blocking ``XREAD`` of the job's ``wake:<id>`` stream, which takes nothing from the other
+        waiters and needs no write right (docs/protocol.md, "Waiting for a result").
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        done = self.done_key(job_id)
+        wake = self.wake_key(job_id)
+        after: Union[bytes, str] = "0-0"  # past an entry that woke us without a result
         while True:
             res = self._get(job_id)
             if res is not None:
@@ -513,9 +519,10 @@ class Queue:
                 if left <= 0:
                     raise Timeout(f"no result for job {job_id} within {timeout}s (queue {self.name!r}){self._timeout_hint()}")
                 wait = min(wait, left)
-            woke = self.redis.blmove(done, done, max(round(wait, 3), 0.01), "RIGHT", "LEFT")
-            if woke is not None and self.redis.exists(self.result_key(job_id)) == 0:
-                time.sleep(0.05)  # a wake-up without a result (it expired): do not spin
+            got = self.redis.xread({wake: after}, count=1, block=max(1, int(wait * 1000)))
+            for _stream, entries in got or []:
+                if entries:
+                    after = entries[-1][0]
 
     def map(
         self,
@@ -658,9 +665,10 @@ class Queue:
     def job_state(self, job_id: str) -> str:
         """Where a job is: ``"queued"``, ``"running"``, ``"finished"`` or ``"unknown"`` (never
         submitted, its result expired, or added by a raw ``XADD`` under an id of its own)."""
-        # The result key is read, not written, so it goes as an argument (see job_state.lua).
-        keys = [self.done_key(job_id), self.idem_key(job_id), self.jobs_key_of(self.partition_of(job_id))]
-        args = [job_id, SCHEMA["group"], self.result_key(job_id)]
+        # The result key and the done list are read, not written, so they go as arguments (see
+        # job_state.lua).
+        keys = [self.idem_key(job_id), self.jobs_key_of(self.partition_of(job_id))]
+        args = [job_id, SCHEMA["group"], self.result_key(job_id), self.done_key(job_id)]
         if self.cluster:
             reply = self._on_queue_node(lambda c: self._job_state_script(keys=keys, args=args, client=c), keys[0])
         else:
