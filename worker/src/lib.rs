@@ -5,5 +5,6 @@
 #![deny(unsafe_code)]
 
 pub mod check;
+pub mod gateway;
 pub mod node;
 pub mod sandbox;

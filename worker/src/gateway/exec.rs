@@ -1,0 +1,463 @@
+//! The request every foreign API is translated into ([`Execution`]), the job it becomes, and
+//! what a finished job means for each stage ([`Executed`]).
+//!
+//! A compiled language runs as a staged job: the compile stage, then (if it exited 0) the run
+//! stage, in one sandbox, so the binary never leaves it. Each stage has its own wall-clock
+//! timeout and memory limit, and reports its own status, output and usage.
+//!
+//! The job carries both stages in one shell script: the compile command runs under
+//! `timeout -s KILL` with its output sent to files under [`STAGE_DIR`], which the job collects;
+//! the run command then replaces the shell (`exec`), so the job's own status, exit code,
+//! signal, output and usage are the run stage's. The job's wall-clock limit is the sum of the
+//! two stages' (the run stage starts when the compile ends), and its memory limit the larger.
+
+use std::collections::BTreeMap;
+
+use forkbox_queue::schema::{FileData, Job, JobResult, Limits, OutputMode, Status};
+
+use crate::gateway::catalogue::Language;
+
+/// Where the compile stage's output and status are kept in the working directory.
+pub const STAGE_DIR: &str = ".forkbox-compile";
+
+/// One program to run, in the gateway's own terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Execution {
+    pub language: Language,
+    /// The main source file's name and content.
+    pub source_name: String,
+    pub source: Vec<u8>,
+    /// More files written beside it (relative paths).
+    pub files: BTreeMap<String, Vec<u8>>,
+    pub stdin: Vec<u8>,
+    /// Arguments after the run command.
+    pub args: Vec<String>,
+    pub compile: StageLimits,
+    pub run: StageLimits,
+    /// Files returned with the result (relative paths or globs).
+    pub collect: Vec<String>,
+    /// The job's output cap, if the API sets one.
+    pub output_bytes: Option<u64>,
+    /// The run stage's standard error goes to its standard output.
+    pub merge_stderr: bool,
+}
+
+/// What the gateway lets a request ask for, and what it gives one that asks nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Longest compile stage a request may ask for.
+    pub max_compile_timeout_ms: u64,
+    /// Longest run stage a request may ask for.
+    pub max_run_timeout_ms: u64,
+    /// Most memory a request may ask for, per stage.
+    pub max_memory_mb: u64,
+    /// The compile stage's memory when a request sets none (compilers need more than most
+    /// programs: javac and g++ with `<bits/stdc++.h>` take a few hundred MB).
+    pub compile_memory_mb: u64,
+    /// Piston's output cap, in characters per stream.
+    pub piston_output_chars: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_compile_timeout_ms: 60_000,
+            max_run_timeout_ms: 60_000,
+            max_memory_mb: 4096,
+            compile_memory_mb: 1024,
+            piston_output_chars: 1024,
+        }
+    }
+}
+
+/// One stage's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageLimits {
+    pub timeout_ms: u64,
+    pub memory_mb: Option<u64>,
+    pub cpu_ms: Option<u64>,
+}
+
+/// How one stage ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StageStatus {
+    Ok,
+    /// Exited non-zero.
+    Failed,
+    /// Killed at its wall-clock limit.
+    Timeout,
+    CpuLimit,
+    MemoryLimit,
+    OutputLimit,
+    /// Killed by a signal of its own doing.
+    Signaled,
+}
+
+/// What one stage did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    pub status: StageStatus,
+    /// Exit code as a shell reports it (128+N when killed by signal N).
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: f64,
+    pub cpu_ms: u64,
+    pub max_rss_kb: u64,
+}
+
+/// What running an [`Execution`] gave.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Executed {
+    /// The program ran: the compile stage (compiled languages) and the run stage.
+    Ran {
+        compile: Option<Stage>,
+        run: Stage,
+        files: BTreeMap<String, FileData>,
+    },
+    /// The compile stage failed; the run stage did not start.
+    CompileFailed { compile: Stage },
+    /// The sandbox or the queue failed: the program's fate is unknown.
+    Internal { error: String },
+}
+
+impl Execution {
+    /// The job that runs this execution, under id `id`.
+    pub fn to_job(&self, id: &str) -> Job {
+        let mut files: BTreeMap<String, FileData> = self
+            .files
+            .iter()
+            .map(|(k, v)| (k.clone(), FileData::from_bytes(v.clone())))
+            .collect();
+        files.insert(
+            self.source_name.clone(),
+            FileData::from_bytes(self.source.clone()),
+        );
+        let run = self.language.run_command(&self.source_name);
+        let run = if self.merge_stderr {
+            format!("{run} \"$@\" 2>&1")
+        } else {
+            format!("{run} \"$@\"")
+        };
+        let compile = self.language.compile_command(&self.source_name);
+        let mut collect = self.collect.clone();
+        let (script, timeout_ms, memory_mb) = match &compile {
+            None => (
+                format!("exec {run}"),
+                self.run.timeout_ms,
+                self.run.memory_mb,
+            ),
+            Some(cmd) => {
+                collect.push(format!("{STAGE_DIR}/*"));
+                (
+                    staged_script(cmd, self.compile.timeout_ms, &run),
+                    self.compile.timeout_ms + self.run.timeout_ms,
+                    match (self.compile.memory_mb, self.run.memory_mb) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    },
+                )
+            }
+        };
+        let mut argv = vec![
+            "/bin/sh".to_owned(),
+            "-c".to_owned(),
+            script,
+            "sh".to_owned(),
+        ];
+        argv.extend(self.args.iter().cloned());
+        Job {
+            id: Some(id.to_owned()),
+            argv: Some(argv),
+            stdin: (!self.stdin.is_empty()).then(|| FileData::from_bytes(self.stdin.clone())),
+            files,
+            timeout_ms: Some(timeout_ms),
+            limits: Limits {
+                memory_mb,
+                cpu_ms: self.run.cpu_ms,
+                output_bytes: self.output_bytes,
+                ..Limits::default()
+            },
+            output_mode: self.output_bytes.map(|_| OutputMode::Truncate),
+            collect,
+            ..Job::default()
+        }
+    }
+
+    /// Whether this execution has a compile stage.
+    pub fn is_staged(&self) -> bool {
+        self.language.compile.is_some()
+    }
+}
+
+/// The shell script of a staged job: the compile stage under its own timeout, its output,
+/// status and duration in [`STAGE_DIR`], then the run stage in place of the shell when the
+/// compile exited 0.
+fn staged_script(compile: &str, timeout_ms: u64, run: &str) -> String {
+    let secs = timeout_ms as f64 / 1000.0;
+    format!(
+        "mkdir -p {d} && s=$(date +%s%N) && \
+         {{ timeout -s KILL {secs:.3} sh -c '{c}' </dev/null >{d}/stdout 2>{d}/stderr; echo $? >{d}/status; }} && \
+         echo $(( ($(date +%s%N) - s) / 1000 )) >{d}/duration_us && \
+         if [ \"$(cat {d}/status)\" != 0 ]; then exit 0; fi && exec {run}",
+        d = STAGE_DIR,
+        c = compile.replace('\'', r"'\''"),
+    )
+}
+
+/// What a finished job means for the execution it ran.
+pub fn interpret(exec: &Execution, result: &JobResult) -> Executed {
+    let o = &result.outcome;
+    let run_stage = || Stage {
+        status: match o.status {
+            Status::Ok => StageStatus::Ok,
+            Status::Failed => StageStatus::Failed,
+            Status::Timeout => StageStatus::Timeout,
+            Status::CpuLimit => StageStatus::CpuLimit,
+            Status::MemoryLimit => StageStatus::MemoryLimit,
+            Status::OutputLimit => StageStatus::OutputLimit,
+            _ => StageStatus::Signaled,
+        },
+        exit_code: o.exit_code,
+        signal: o.signal,
+        stdout: o.stdout.clone(),
+        stderr: o.stderr.clone(),
+        duration_ms: o.duration_ms,
+        cpu_ms: o.cpu_ms,
+        max_rss_kb: o.max_rss_kb,
+    };
+    if matches!(
+        o.status,
+        Status::Invalid | Status::Error | Status::Cancelled
+    ) {
+        return Executed::Internal {
+            error: format!(
+                "job {}: {}",
+                o.status,
+                o.error.as_deref().unwrap_or("no detail")
+            ),
+        };
+    }
+    let mut files = o.files.clone();
+    if !exec.is_staged() {
+        return Executed::Ran {
+            compile: None,
+            run: run_stage(),
+            files,
+        };
+    }
+    let take = |files: &mut BTreeMap<String, FileData>, name: &str| -> Option<String> {
+        let data = files.remove(&format!("{STAGE_DIR}/{name}"))?;
+        Some(String::from_utf8_lossy(&data.to_bytes().ok()?).into_owned())
+    };
+    let status = take(&mut files, "status");
+    let stdout = take(&mut files, "stdout").unwrap_or_default();
+    let stderr = take(&mut files, "stderr").unwrap_or_default();
+    let duration_us = take(&mut files, "duration_us");
+    let Some(code) = status.and_then(|s| s.trim().parse::<i32>().ok()) else {
+        // The compile stage never finished: the job's own limit ended it.
+        let mut compile = run_stage();
+        compile.stdout = stdout;
+        compile.stderr = stderr;
+        return Executed::CompileFailed { compile };
+    };
+    let duration_ms = duration_us
+        .and_then(|d| d.trim().parse::<f64>().ok())
+        .map_or(0.0, |us| us / 1000.0);
+    let timed_out =
+        code == 128 + libc::SIGKILL && duration_ms + 1.0 >= exec.compile.timeout_ms as f64;
+    let compile = Stage {
+        status: if code == 0 {
+            StageStatus::Ok
+        } else if timed_out {
+            StageStatus::Timeout
+        } else if code > 128 {
+            StageStatus::Signaled
+        } else {
+            StageStatus::Failed
+        },
+        exit_code: code,
+        signal: (code > 128).then_some(code - 128),
+        stdout,
+        stderr,
+        duration_ms,
+        cpu_ms: 0,
+        max_rss_kb: 0,
+    };
+    if code != 0 {
+        return Executed::CompileFailed { compile };
+    }
+    let mut run = run_stage();
+    // The job's usage covers both stages; its wall time from the compile's start.
+    run.duration_ms = (run.duration_ms - duration_ms).max(0.0);
+    Executed::Ran {
+        compile: Some(compile),
+        run,
+        files,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::catalogue::builtin;
+    use forkbox_queue::schema::Outcome;
+
+    fn exec(lang: &str) -> Execution {
+        let language = builtin().into_iter().find(|l| l.name == lang).unwrap();
+        Execution {
+            source_name: language.source.to_owned(),
+            language,
+            source: b"src".to_vec(),
+            files: BTreeMap::new(),
+            stdin: b"in".to_vec(),
+            args: vec!["a b".into()],
+            compile: StageLimits {
+                timeout_ms: 10_000,
+                memory_mb: Some(512),
+                cpu_ms: None,
+            },
+            run: StageLimits {
+                timeout_ms: 2_000,
+                memory_mb: Some(128),
+                cpu_ms: Some(1_000),
+            },
+            collect: vec!["out.txt".into()],
+            output_bytes: None,
+            merge_stderr: false,
+        }
+    }
+
+    fn result(outcome: Outcome) -> JobResult {
+        JobResult::new("id".into(), outcome, 1, "w".into())
+    }
+
+    fn ok_outcome(stdout: &str) -> Outcome {
+        let mut o = Outcome::not_run(Status::Ok, "");
+        o.error = None;
+        o.exit_code = 0;
+        o.stdout = stdout.into();
+        o.duration_ms = 900.0;
+        o.cpu_ms = 700;
+        o.max_rss_kb = 4000;
+        o
+    }
+
+    #[test]
+    fn an_interpreted_language_is_one_stage_with_the_run_limits() {
+        let e = exec("python3");
+        let job = e.to_job("abc");
+        job.validate().unwrap();
+        assert_eq!(job.timeout_ms, Some(2_000));
+        assert_eq!(job.limits.memory_mb, Some(128));
+        assert_eq!(job.limits.cpu_ms, Some(1_000));
+        let argv = job.argv.unwrap();
+        assert_eq!(argv[2], "exec python3 main.py \"$@\"");
+        assert_eq!(&argv[3..], ["sh", "a b"]);
+        assert_eq!(job.collect, ["out.txt"]);
+        let r = interpret(&e, &result(ok_outcome("hi")));
+        let Executed::Ran {
+            compile: None, run, ..
+        } = r
+        else {
+            panic!("{r:?}")
+        };
+        assert_eq!((run.status, run.stdout.as_str()), (StageStatus::Ok, "hi"));
+    }
+
+    #[test]
+    fn a_compiled_language_adds_the_compile_stage_and_its_limits() {
+        let e = exec("cpp");
+        let job = e.to_job("abc");
+        job.validate().unwrap();
+        assert_eq!(job.timeout_ms, Some(12_000));
+        assert_eq!(job.limits.memory_mb, Some(512));
+        assert!(job.argv.unwrap()[2]
+            .contains("timeout -s KILL 10.000 sh -c 'g++ -O2 -o main main.cpp'"));
+        assert!(job.collect.contains(&format!("{STAGE_DIR}/*")));
+    }
+
+    fn staged_outcome(status: &str, duration_us: &str, run: Outcome) -> Outcome {
+        let mut o = run;
+        for (k, v) in [
+            ("status", status),
+            ("stdout", ""),
+            ("stderr", "main.cpp:1: error"),
+            ("duration_us", duration_us),
+        ] {
+            o.files
+                .insert(format!("{STAGE_DIR}/{k}"), FileData::Text(v.into()));
+        }
+        o
+    }
+
+    #[test]
+    fn compile_results_are_read_back_per_stage() {
+        let e = exec("cpp");
+        // Compiled, then ran.
+        let r = interpret(
+            &e,
+            &result(staged_outcome("0\n", "300000\n", ok_outcome("42"))),
+        );
+        let Executed::Ran {
+            compile: Some(c),
+            run,
+            files,
+        } = r
+        else {
+            panic!("{r:?}")
+        };
+        assert_eq!(c.status, StageStatus::Ok);
+        assert_eq!(c.duration_ms, 300.0);
+        assert_eq!(run.stdout, "42");
+        assert_eq!(run.duration_ms, 600.0);
+        assert!(
+            files.is_empty(),
+            "the stage files are not the client's: {files:?}"
+        );
+        // The compiler failed.
+        let r = interpret(&e, &result(staged_outcome("1\n", "5000\n", ok_outcome(""))));
+        let Executed::CompileFailed { compile } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (compile.status, compile.exit_code),
+            (StageStatus::Failed, 1)
+        );
+        assert_eq!(compile.stderr, "main.cpp:1: error");
+        // Killed at the compile timeout.
+        let r = interpret(
+            &e,
+            &result(staged_outcome("137\n", "10000500\n", ok_outcome(""))),
+        );
+        let Executed::CompileFailed { compile } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(compile.status, StageStatus::Timeout);
+        // Killed early by SIGKILL (its memory): a signal, not a timeout.
+        let r = interpret(
+            &e,
+            &result(staged_outcome("137\n", "20000\n", ok_outcome(""))),
+        );
+        let Executed::CompileFailed { compile } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (compile.status, compile.signal),
+            (StageStatus::Signaled, Some(9))
+        );
+    }
+
+    #[test]
+    fn a_job_that_never_ran_is_an_internal_error() {
+        let e = exec("python3");
+        let r = interpret(&e, &result(Outcome::not_run(Status::Error, "no sandbox")));
+        assert_eq!(
+            r,
+            Executed::Internal {
+                error: "job error: no sandbox".into()
+            }
+        );
+    }
+}
