@@ -12,9 +12,9 @@ use serde_json::{json, Value};
 use crate::keys::{Keys, GROUP, JOB_FIELD, RESULT_FIELD, VETTED_FIELD};
 use crate::queue::QueueConfig;
 use crate::schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, Limits, Network, OutputMode, Runtime, Status,
-    DEFAULT_MAX_JOB_BYTES, DEFAULT_TIMEOUT_MS, MAX_ATTEMPTS, MAX_BATCH_LEN, MAX_ID_LEN,
-    MAX_RESULT_TTL_S, MAX_TIMEOUT_MS,
+    CompileStage, EffectiveLimits, FileData, Job, JobCeilings, Limits, Network, OutputMode,
+    Runtime, StageLimits, StageStatus, Status, DEFAULT_MAX_JOB_BYTES, DEFAULT_TIMEOUT_MS,
+    MAX_ATTEMPTS, MAX_BATCH_LEN, MAX_ID_LEN, MAX_RESULT_TTL_S, MAX_TIMEOUT_MS,
 };
 
 /// The enqueue script every client runs to add a job (idempotency marker, `vetted`, batch
@@ -45,6 +45,7 @@ pub fn contract() -> Value {
         runtime: Some(Runtime::Python),
         output_mode: Some(OutputMode::Truncate),
         network: Some(Network::Loopback),
+        compile: Some(CompileStage::shell("x")),
         ..Job::shell("x")
     };
     let mut job_fields: Vec<String> = object_keys(&every_field);
@@ -54,6 +55,31 @@ pub fn contract() -> Value {
         .iter()
         .map(|(name, min, max)| json!({"name": name, "min": min, "max": max}))
         .collect();
+    let mut compile_fields: Vec<String> = object_keys(&CompileStage {
+        timeout_ms: Some(1),
+        limits: StageLimits {
+            memory_mb: Some(1),
+            ..StageLimits::default()
+        },
+        ..CompileStage::shell("x")
+    });
+    compile_fields.push("argv".into());
+    compile_fields.sort();
+    let stage_limits: Vec<&str> = object_keys(&StageLimits {
+        memory_mb: Some(1),
+        cpu_ms: Some(1),
+        pids: Some(1),
+        output_bytes: Some(1),
+    })
+    .into_iter()
+    .map(|name| {
+        Limits::ranges()
+            .into_iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(n, _, _)| n)
+            .expect("a stage limit is a job limit")
+    })
+    .collect();
     let q = Keys::new("Q").expect("a valid queue name");
     let queue = QueueConfig::default();
     json!({
@@ -75,6 +101,11 @@ pub fn contract() -> Value {
         "node_maximums": serde_json::to_value(JobCeilings::default()).expect("serializes"),
         "networks": Network::ALL.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
         "statuses": Status::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        "compile": {
+            "fields": compile_fields,
+            "limits": stage_limits,
+            "statuses": StageStatus::ALL.iter().map(|s| s.as_str()).collect::<Vec<_>>(),
+        },
         "output_modes": [OutputMode::Kill.as_str(), OutputMode::Truncate.as_str()],
         "group": GROUP,
         "stream_fields": {"job": JOB_FIELD, "vetted": VETTED_FIELD, "result": RESULT_FIELD},

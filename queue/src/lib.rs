@@ -76,8 +76,9 @@ pub use redis_server::{
     random_password, RedisServer, RedisServerError, RedisServerOptions, ServerTls,
 };
 pub use schema::{
-    EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits, Network, Outcome,
-    OutputMode, Runtime, RuntimeUse, Status,
+    CompileStage, EffectiveLimits, FileData, Job, JobCeilings, JobError, JobResult, Limits,
+    Network, Outcome, OutputMode, Runtime, RuntimeUse, StageLimits, StageOutcome, StageStatus,
+    Status,
 };
 
 /// Re-exported so users name the same redis-rs version as this crate.

@@ -100,6 +100,101 @@ pub struct Job {
     /// node says otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// A compile stage run first, in the same sandbox: the program (`cmd`/`argv`) runs only
+    /// when it exits 0, and sees what it wrote. Absent runs the program alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileStage>,
+}
+
+/// The compile stage of a staged job: a command with its own wall-clock limit and limits, run
+/// in the job's working directory (same files, environment, network and disk) before the
+/// program, with empty standard input.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompileStage {
+    /// A shell string, run as `/bin/sh -c CMD`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<String>,
+    /// A program and its arguments, resolved through the job's `PATH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// The stage's wall-clock limit, measured from its exec; the job's `timeout_ms` is the
+    /// run stage's alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// The stage's own limits; each one left out is the job's (`limits`, then the node's
+    /// default).
+    #[serde(default, skip_serializing_if = "StageLimits::is_empty")]
+    pub limits: StageLimits,
+}
+
+/// The limits a compile stage may set for itself; the sandbox-wide ones (`disk_mb`,
+/// `file_size_mb`, `open_files`) are the job's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+}
+
+impl StageLimits {
+    pub fn is_empty(&self) -> bool {
+        *self == StageLimits::default()
+    }
+
+    /// As job limits: the values set here, the others left for the job's to fill.
+    pub fn as_limits(&self) -> Limits {
+        Limits {
+            memory_mb: self.memory_mb,
+            cpu_ms: self.cpu_ms,
+            pids: self.pids,
+            output_bytes: self.output_bytes,
+            ..Limits::default()
+        }
+    }
+}
+
+impl CompileStage {
+    /// A shell-string compile stage.
+    pub fn shell(cmd: impl Into<String>) -> CompileStage {
+        CompileStage {
+            cmd: Some(cmd.into()),
+            ..CompileStage::default()
+        }
+    }
+
+    /// An argv compile stage.
+    pub fn argv<I, S>(argv: I) -> CompileStage
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        CompileStage {
+            argv: Some(argv.into_iter().map(Into::into).collect()),
+            ..CompileStage::default()
+        }
+    }
+
+    /// The program and arguments to exec: `argv`, or `/bin/sh -c CMD`.
+    pub fn command(&self) -> Vec<String> {
+        command_of(self.cmd.as_deref(), self.argv.as_deref())
+    }
+
+    /// The stage's wall-clock limit.
+    pub fn timeout_ms(&self) -> u64 {
+        self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
+    }
+
+    /// The stage's limits: its own, then the job's `job_limits` (already resolved).
+    pub fn resolve(&self, job_limits: &EffectiveLimits) -> EffectiveLimits {
+        self.limits.as_limits().resolve(job_limits)
+    }
 }
 
 /// The network a job's sandbox has.
@@ -343,7 +438,42 @@ impl JobCeilings {
                 return Err(over("result_ttl_s".into(), t, self.result_ttl_s));
             }
         }
+        self.check_compile(job)
+    }
+
+    /// A compile stage is held to the same maximums as the program.
+    fn check_compile(&self, job: &Job) -> Result<(), JobError> {
+        let Some(stage) = &job.compile else {
+            return Ok(());
+        };
+        let over = |field: String, got: u64, max: u64| {
+            invalid(field, format!("{got} is over this node's maximum of {max}"))
+        };
+        if let Some(t) = stage.timeout_ms {
+            if t > self.timeout_ms {
+                return Err(over("compile.timeout_ms".into(), t, self.timeout_ms));
+            }
+        }
+        let limits = stage.limits.as_limits();
+        for ((name, asked, _, _), (_, max)) in limits.fields().iter().zip(self.limit_fields()) {
+            if let Some(v) = *asked {
+                if v > max {
+                    return Err(over(format!("compile.limits.{name}"), v, max));
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The wall-clock limit `job`'s compile stage runs with, if it has one: its own, else the
+    /// default lowered to the maximum.
+    pub fn compile_timeout_ms(&self, job: &Job) -> Option<u64> {
+        let stage = job.compile.as_ref()?;
+        Some(
+            stage
+                .timeout_ms
+                .unwrap_or_else(|| DEFAULT_TIMEOUT_MS.min(self.timeout_ms)),
+        )
     }
 
     /// `defaults` (what a job that sets nothing gets) lowered to the maximums where they are
@@ -747,6 +877,89 @@ impl Job {
                 ));
             }
         }
+        self.validate_compile()
+    }
+
+    /// The compile stage's rules: one command, within what exec takes, a timeout and limits
+    /// in range, and no warm runtime (the run stage of a staged job is exec'd).
+    fn validate_compile(&self) -> Result<(), JobError> {
+        let Some(stage) = &self.compile else {
+            return Ok(());
+        };
+        match (&stage.cmd, &stage.argv) {
+            (None, None) => {
+                return Err(invalid(
+                    "compile.cmd",
+                    "a compile stage needs `cmd` (a shell string) or `argv` (an array)",
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid("compile.cmd", "give `cmd` or `argv`, not both"))
+            }
+            (Some(cmd), None) => {
+                no_nul("compile.cmd", cmd)?;
+                if cmd.trim().is_empty() {
+                    return Err(invalid("compile.cmd", "is empty"));
+                }
+                exec_string("compile.cmd", cmd.len())?;
+            }
+            (None, Some(argv)) => {
+                match argv.first() {
+                    None => return Err(invalid("compile.argv", "is empty")),
+                    Some(a) if a.is_empty() => return Err(invalid("compile.argv[0]", "is empty")),
+                    _ => {}
+                }
+                for (i, a) in argv.iter().enumerate() {
+                    no_nul(&format!("compile.argv[{i}]"), a)?;
+                    exec_string(&format!("compile.argv[{i}]"), a.len())?;
+                }
+            }
+        }
+        let ptr = std::mem::size_of::<usize>();
+        let args: usize = stage.command().iter().map(|a| a.len() + 1 + ptr).sum();
+        let env: usize = self
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 2 + ptr)
+            .sum();
+        let exec = args + env + EXEC_ENV_RESERVE;
+        if exec > MAX_EXEC_ARGS_BYTES {
+            return Err(invalid(
+                if stage.argv.is_some() {
+                    "compile.argv"
+                } else {
+                    "compile.cmd"
+                },
+                format!(
+                    "the command and env take {exec} bytes at exec, over the limit of \
+                     {MAX_EXEC_ARGS_BYTES} bytes"
+                ),
+            ));
+        }
+        if let Some(t) = stage.timeout_ms {
+            if t == 0 || t > MAX_TIMEOUT_MS {
+                return Err(invalid(
+                    "compile.timeout_ms",
+                    format!("must be between 1 and {MAX_TIMEOUT_MS}"),
+                ));
+            }
+        }
+        for (name, value, min, max) in stage.limits.as_limits().fields() {
+            if let Some(v) = value {
+                if v < min || v > max {
+                    return Err(invalid(
+                        format!("compile.limits.{name}"),
+                        format!("must be between {min} and {max}, got {v}"),
+                    ));
+                }
+            }
+        }
+        if self.runtime.is_some() {
+            return Err(invalid(
+                "compile",
+                "a staged job runs its program exec'd: it cannot ask for a warm `runtime`",
+            ));
+        }
         Ok(())
     }
 
@@ -769,15 +982,20 @@ impl Job {
 
     /// The program and arguments to exec: `argv`, or `/bin/sh -c CMD`.
     pub fn command(&self) -> Vec<String> {
-        match (&self.argv, &self.cmd) {
-            (Some(argv), _) => argv.clone(),
-            (None, Some(cmd)) => vec!["/bin/sh".into(), "-c".into(), cmd.clone()],
-            (None, None) => Vec::new(),
-        }
+        command_of(self.cmd.as_deref(), self.argv.as_deref())
     }
 
     pub fn timeout_ms(&self) -> u64 {
         self.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS)
+    }
+}
+
+/// What a command given as `cmd` or `argv` execs: `argv`, or `/bin/sh -c CMD`.
+fn command_of(cmd: Option<&str>, argv: Option<&[String]>) -> Vec<String> {
+    match (argv, cmd) {
+        (Some(argv), _) => argv.to_vec(),
+        (None, Some(cmd)) => vec!["/bin/sh".into(), "-c".into(), cmd.to_owned()],
+        (None, None) => Vec::new(),
     }
 }
 
@@ -862,10 +1080,13 @@ pub enum Status {
     Invalid,
     /// The sandbox could not be set up; the program did not run.
     Error,
+    /// The compile stage of a staged job did not exit 0 (see the result's `compile`); the
+    /// program did not run.
+    CompileError,
 }
 
 impl Status {
-    pub const ALL: [Status; 10] = [
+    pub const ALL: [Status; 11] = [
         Status::Ok,
         Status::Failed,
         Status::Timeout,
@@ -876,6 +1097,7 @@ impl Status {
         Status::Cancelled,
         Status::Invalid,
         Status::Error,
+        Status::CompileError,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -890,6 +1112,7 @@ impl Status {
             Status::Cancelled => "cancelled",
             Status::Invalid => "invalid",
             Status::Error => "error",
+            Status::CompileError => "compile_error",
         }
     }
 }
@@ -945,6 +1168,85 @@ pub struct Outcome {
     /// For a job that asked for a runtime: whether it ran warm, and if not why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<RuntimeUse>,
+    /// For a staged job: how its compile stage ended (present once the stage ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compile: Option<StageOutcome>,
+}
+
+/// How a compile stage ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageStatus {
+    /// Exit code 0: the program runs next.
+    Ok,
+    /// Non-zero exit code.
+    Failed,
+    /// Killed at the stage's wall-clock limit.
+    Timeout,
+    /// Killed for exceeding the stage's CPU time.
+    CpuLimit,
+    /// Killed for exceeding the stage's memory.
+    MemoryLimit,
+    /// Killed for writing more than the stage's output cap.
+    OutputLimit,
+    /// Killed by a signal of its own doing.
+    Signaled,
+}
+
+impl StageStatus {
+    pub const ALL: [StageStatus; 7] = [
+        StageStatus::Ok,
+        StageStatus::Failed,
+        StageStatus::Timeout,
+        StageStatus::CpuLimit,
+        StageStatus::MemoryLimit,
+        StageStatus::OutputLimit,
+        StageStatus::Signaled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StageStatus::Ok => "ok",
+            StageStatus::Failed => "failed",
+            StageStatus::Timeout => "timeout",
+            StageStatus::CpuLimit => "cpu_limit",
+            StageStatus::MemoryLimit => "memory_limit",
+            StageStatus::OutputLimit => "output_limit",
+            StageStatus::Signaled => "signaled",
+        }
+    }
+}
+
+/// What a compile stage did: the run stage's fields, for the stage alone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageOutcome {
+    pub status: StageStatus,
+    /// As the result's `exit_code`: 124 on timeout, 128+N when killed by signal N.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    /// Wall time from the stage's exec to its end.
+    pub duration_ms: f64,
+    pub cpu_ms: u64,
+    pub max_rss_kb: u64,
+}
+
+impl Outcome {
+    /// The outcome of a staged job whose compile stage did not succeed: status
+    /// `compile_error`, the stage in `compile`, and no run (empty output, no time or memory);
+    /// `exit_code` and `signal` are the stage's, as `compile && run` in a shell reports them.
+    pub fn compile_error(stage: StageOutcome) -> Outcome {
+        let mut outcome = Outcome::not_run(Status::CompileError, "");
+        outcome.error = None;
+        outcome.exit_code = stage.exit_code;
+        outcome.signal = stage.signal;
+        outcome.compile = Some(stage);
+        outcome
+    }
 }
 
 impl Outcome {
@@ -969,6 +1271,7 @@ impl Outcome {
             watchdog_overshoot_us: None,
             error: Some(error.into()),
             runtime: None,
+            compile: None,
         }
     }
 }
@@ -1500,5 +1803,138 @@ mod tests {
         }
         let e = "host".parse::<Network>().unwrap_err();
         assert!(e.contains("none, loopback"), "{e}");
+    }
+
+    #[test]
+    fn a_compile_stage_is_optional_strict_and_named_in_errors() {
+        let job = parse(
+            r#"{"argv":["./main"],"compile":{"argv":["cc","-o","main","main.c"],
+                "timeout_ms":20000,"limits":{"memory_mb":1024,"cpu_ms":5000}}}"#,
+        )
+        .unwrap();
+        let stage = job.compile.as_ref().unwrap();
+        assert_eq!(stage.command(), ["cc", "-o", "main", "main.c"]);
+        assert_eq!(stage.timeout_ms(), 20_000);
+        let job_limits = job.limits.resolve(&EffectiveLimits::default());
+        let limits = stage.resolve(&job_limits);
+        assert_eq!(limits.memory_mb, 1024);
+        assert_eq!(limits.cpu_ms, 5000);
+        assert_eq!(limits.disk_mb, job_limits.disk_mb);
+        assert_eq!(parse(&serde_json::to_string(&job).unwrap()).unwrap(), job);
+        let shell = parse(r#"{"cmd":"./a.out","compile":{"cmd":"cc x.c"}}"#).unwrap();
+        assert_eq!(
+            shell.compile.as_ref().unwrap().command(),
+            ["/bin/sh", "-c", "cc x.c"]
+        );
+        assert_eq!(shell.compile.unwrap().timeout_ms(), DEFAULT_TIMEOUT_MS);
+        for (text, want) in [
+            (
+                r#"{"cmd":"x","compile":{}}"#,
+                "compile.cmd: a compile stage needs",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"cmd":"a","argv":["b"]}}"#,
+                "compile.cmd: give `cmd` or `argv`, not both",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"cmd":"  "}}"#,
+                "compile.cmd: is empty",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"argv":[]}}"#,
+                "compile.argv: is empty",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"argv":[""]}}"#,
+                "compile.argv[0]: is empty",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"cmd":"a","timeout_ms":0}}"#,
+                "compile.timeout_ms: must be between",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"cmd":"a","limits":{"pids":1}}}"#,
+                "compile.limits.pids: must be between",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"cmd":"a","limits":{"disk_mb":1}}}"#,
+                "compile.limits.disk_mb: unknown field `disk_mb`",
+            ),
+            (
+                r#"{"cmd":"x","compile":{"cmd":"a","stdin":"x"}}"#,
+                "compile.stdin: unknown field `stdin`",
+            ),
+            (
+                r#"{"argv":["python3"],"runtime":"python","compile":{"cmd":"a"}}"#,
+                "compile: a staged job",
+            ),
+        ] {
+            let e = err(text);
+            assert!(e.starts_with(want), "{text}: {e}");
+        }
+        let e = Job {
+            compile: Some(CompileStage::argv(["cc", &"x".repeat(MAX_ARG_STRLEN)])),
+            ..Job::shell("true")
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("compile.argv[1]: is 131072 bytes"), "{e}");
+    }
+
+    #[test]
+    fn a_compile_stage_is_held_to_the_node_maximums() {
+        let c = JobCeilings::default();
+        let check = |s: &str| c.check(&parse(s).unwrap()).map_err(|e| e.to_string());
+        assert_eq!(
+            check(r#"{"cmd":"x","compile":{"cmd":"a","limits":{"memory_mb":4097}}}"#).unwrap_err(),
+            "compile.limits.memory_mb: 4097 is over this node's maximum of 4096"
+        );
+        assert_eq!(
+            check(r#"{"cmd":"x","compile":{"cmd":"a","timeout_ms":3600001}}"#).unwrap_err(),
+            "compile.timeout_ms: 3600001 is over this node's maximum of 3600000"
+        );
+        check(r#"{"cmd":"x","compile":{"cmd":"a","timeout_ms":3600000}}"#).unwrap();
+        let low = JobCeilings {
+            timeout_ms: 500,
+            ..c
+        };
+        let staged = parse(r#"{"cmd":"x","compile":{"cmd":"a"}}"#).unwrap();
+        assert_eq!(low.compile_timeout_ms(&staged), Some(500));
+        assert_eq!(c.compile_timeout_ms(&Job::shell("x")), None);
+    }
+
+    #[test]
+    fn a_compile_error_describes_the_stage_and_no_run() {
+        let stage = StageOutcome {
+            status: StageStatus::Failed,
+            exit_code: 1,
+            signal: None,
+            timed_out: false,
+            stdout: String::new(),
+            stderr: "main.c:1: error".into(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 12.5,
+            cpu_ms: 10,
+            max_rss_kb: 2048,
+        };
+        let outcome = Outcome::compile_error(stage.clone());
+        let v = serde_json::to_value(JobResult::new("x".into(), outcome, 1, "w".into())).unwrap();
+        assert_eq!(v["status"], "compile_error");
+        assert_eq!(v["exit_code"], 1);
+        assert_eq!(v["stdout"], "");
+        assert_eq!(v["cpu_ms"], 0);
+        assert_eq!(v["error"], serde_json::Value::Null);
+        assert_eq!(v["compile"]["status"], "failed");
+        assert_eq!(v["compile"]["stderr"], "main.c:1: error");
+        assert_eq!(v["compile"]["max_rss_kb"], 2048);
+        let back: JobResult = serde_json::from_value(v).unwrap();
+        assert_eq!(back.outcome.compile, Some(stage));
+        let plain = serde_json::to_value(Outcome::not_run(Status::Ok, "")).unwrap();
+        assert!(
+            plain.get("compile").is_none(),
+            "absent for a job without a stage"
+        );
     }
 }

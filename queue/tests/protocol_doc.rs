@@ -177,8 +177,13 @@ fn the_document_has_the_example() {
     assert!(lines[0].starts_with("XADD forkbox:{default}:jobs * job "));
     // The documented result is valid v1 result JSON with the documented values.
     let json = blocks(&doc(), "json");
-    assert_eq!(json.len(), 1);
-    check_result_json(json[0].trim());
+    assert_eq!(json.len(), 2);
+    check_result_json(json[1].trim());
+    // The staged job's example is a valid job with both stages.
+    let staged = forkbox_queue::Job::parse(json[0].trim().as_bytes(), 1 << 20)
+        .expect("the staged example is a valid job");
+    assert_eq!(staged.compile.unwrap().command()[0], "g++");
+    assert_eq!(staged.argv.unwrap(), ["./main"]);
 }
 
 #[tokio::test]

@@ -67,6 +67,9 @@ def test_the_enqueue_script_is_the_crates() -> None:
         ({"cmd": "true", "id": "a b"}, "id: must be printable ASCII without spaces"),
         ({"cmd": "   "}, "cmd: is empty"),
         ({"cmd": "true", "network": "host"}, "network: unknown variant `host`"),
+        ({"cmd": "true", "compile": {}}, "compile.cmd: a compile stage needs"),
+        ({"cmd": "true", "compile": {"cmd": "a", "stdin": "x"}}, "compile.stdin: unknown field `stdin`"),
+        ({"cmd": "true", "compile": {"cmd": "a", "limits": {"disk_mb": 1}}}, "compile.limits.disk_mb: unknown field"),
     ],
 )
 def test_jobs_a_worker_refuses_are_refused_locally(job: dict, message: str) -> None:
@@ -136,3 +139,11 @@ def test_the_partition_rule_matches_the_crate() -> None:
             assert tag_slot(t["tag"]) == t["slot"]
     for ex in rule["id_examples"]:
         assert partition_of(ex["id"], ex["partitions"]) == ex["partition"], ex
+
+
+def test_a_compile_stage_reaches_the_job() -> None:
+    stage = {"argv": ["cc", "-o", "main", "main.c"], "timeout_ms": 20000, "limits": {"memory_mb": 512}}
+    job = build_job(None, argv=["./main"], compile=stage)
+    assert job["compile"] == stage
+    validate_job(job)
+    assert "compile" in JOB_FIELDS and "compile_error" in SCHEMA["statuses"]

@@ -147,6 +147,7 @@ pub(super) fn fold(seen: Observed, terms: Terms) -> Outcome {
         watchdog_overshoot_us: exit.overshoot_ns.map(|ns| ns / 1000),
         error: None,
         runtime: terms.runtime,
+        compile: None,
     };
     let killed_by = |o: &mut Outcome, status| {
         o.status = status;

@@ -194,6 +194,10 @@ class JobSpec:
     it (``output_limit``). ``network="loopback"`` gives the job a network namespace of its own
     with ``lo`` up; absent, it gets the node's default, ``"none"`` unless the node says
     otherwise (Unix sockets only).
+    ``compile={"argv": ["g++", "-o", "main", "main.cpp"], "timeout_ms": 10000}`` runs a
+    compile stage first in the same sandbox, with its own timeout and ``limits``; the program
+    runs only if it exits 0 (else the status is ``compile_error``), and the result's
+    ``compile`` says how the stage ended.
 
     The clients take the same names as keywords (``Forkbox.run(cmd, timeout_ms=...,
     memory_mb=...)``), the limits flattened beside the rest; see :func:`spec_from_keywords`.
@@ -215,6 +219,7 @@ class JobSpec:
     runtime: Optional[str] = None
     output_mode: Optional[str] = None
     network: Optional[str] = None
+    compile: Optional[Mapping[str, Any]] = None
     id: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -347,6 +352,25 @@ def validate_job(job: Mapping[str, Any], max_job_bytes: Optional[int] = None) ->
         _relative(f"files.{path}", path)
     for i, pattern in enumerate(job.get("collect") or []):
         _relative(f"collect[{i}]", pattern)
+    stage = job.get("compile")
+    if stage is not None:
+        if not isinstance(stage, Mapping):
+            raise JobRejected(f"compile: invalid type: expected an object, got {stage!r:.40}")
+        known = SCHEMA["compile"]["fields"]
+        for name in stage:
+            if name not in known:
+                raise JobRejected(f"compile.{name}: unknown field `{name}`, expected one of {', '.join(known)}")
+        if stage.get("cmd") is None and stage.get("argv") is None:
+            raise JobRejected("compile.cmd: a compile stage needs `cmd` (a shell string) or `argv` (an array)")
+        if stage.get("cmd") is not None and stage.get("argv") is not None:
+            raise JobRejected("compile.cmd: give `cmd` or `argv`, not both")
+        _int(stage, "timeout_ms", 1, defaults["max_timeout_ms"])
+        for name, v in (stage.get("limits") or {}).items():
+            if name not in SCHEMA["compile"]["limits"]:
+                raise JobRejected(f"compile.limits.{name}: unknown field `{name}`, expected one of {', '.join(SCHEMA['compile']['limits'])}")
+            lo, hi = LIMIT_RANGES[name]
+            if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+                raise JobRejected(f"compile.limits.{name}: must be between {lo} and {hi}, got {v!r:.40}")
     network = job.get("network")
     if network is not None and network not in NETWORKS:
         raise JobRejected(f"network: unknown variant `{network}`, expected one of {', '.join(NETWORKS)}")

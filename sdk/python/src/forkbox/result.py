@@ -86,6 +86,9 @@ class Result:
     watchdog_overshoot_us: Optional[int] = None
     #: For a job that asked for a runtime: ``{"name": "python", "warm": bool, "note": ...}``.
     runtime: Optional[Dict[str, Any]] = None
+    #: For a staged job: how its compile stage ended (``status``, ``exit_code``, ``stdout``,
+    #: ``stderr``, ``duration_ms``, ``cpu_ms``, ``max_rss_kb``, ...), as the worker sent it.
+    compile: Optional[Dict[str, Any]] = None
     #: When the job was put on the stream, started, finished (Unix ms; None when not known).
     enqueued_at_ms: Optional[int] = None
     started_at_ms: Optional[int] = None
@@ -148,6 +151,7 @@ class Result:
             batch=_get(d, "batch", str, None),
             watchdog_overshoot_us=_get(d, "watchdog_overshoot_us", int, None),
             runtime=dict(d["runtime"]) if isinstance(d.get("runtime"), Mapping) else None,
+            compile=dict(d["compile"]) if isinstance(d.get("compile"), Mapping) else None,
             enqueued_at_ms=_get(d, "enqueued_at_ms", int, None),
             started_at_ms=_get(d, "started_at_ms", int, None),
             finished_at_ms=_get(d, "finished_at_ms", int, None),
