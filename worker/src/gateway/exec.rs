@@ -3,17 +3,22 @@
 //!
 //! A compiled language runs as a staged job: the compile stage, then (if it exited 0) the run
 //! stage, in one sandbox, so the binary never leaves it. Each stage has its own wall-clock
-//! timeout and memory limit, and reports its own status, output and usage.
+//! timeout and limits, and reports its own status, output and usage.
 //!
-//! The job carries both stages in one shell script: the compile command runs under
-//! `timeout -s KILL` with its output sent to files under [`STAGE_DIR`], which the job collects;
-//! the run command then replaces the shell (`exec`), so the job's own status, exit code,
-//! signal, output and usage are the run stage's. The job's wall-clock limit is the sum of the
-//! two stages' (the run stage starts when the compile ends), and its memory limit the larger.
+//! [`Staging::Native`] sends the job's `compile` stage (docs/protocol.md), which the node runs
+//! with the stage's own limits and reports in the result's `compile`. [`Staging::Shell`] is for
+//! fleets whose workers predate the compile stage (they refuse a job carrying it as
+//! `invalid`): one shell script runs the compile command under `timeout -s KILL`, its output
+//! sent to files under [`STAGE_DIR`] that the job collects, then replaces itself with the run
+//! command (`exec`), so the job's status, exit code, signal and output are the run stage's.
+//! There the job's wall-clock limit is the sum of the two stages', its memory limit the
+//! larger, and its CPU time and peak memory cover both stages.
 
 use std::collections::BTreeMap;
 
-use forkbox_queue::schema::{FileData, Job, JobResult, Limits, OutputMode, Status};
+use forkbox_queue::schema::{
+    self, CompileStage, FileData, Job, JobResult, Limits, OutputMode, StageOutcome, Status,
+};
 
 use crate::gateway::catalogue::Language;
 
@@ -93,6 +98,28 @@ pub enum StageStatus {
     Signaled,
 }
 
+/// How a staged job reaches the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Staging {
+    /// The job's own `compile` stage.
+    #[default]
+    Native,
+    /// One shell script, for workers that predate the compile stage.
+    Shell,
+}
+
+impl std::str::FromStr for Staging {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Staging, String> {
+        match s {
+            "native" => Ok(Staging::Native),
+            "shell" => Ok(Staging::Shell),
+            _ => Err(format!("staging is native or shell, not {s:?}")),
+        }
+    }
+}
+
 /// What one stage did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stage {
@@ -124,7 +151,7 @@ pub enum Executed {
 
 impl Execution {
     /// The job that runs this execution, under id `id`.
-    pub fn to_job(&self, id: &str) -> Job {
+    pub fn to_job(&self, id: &str, staging: Staging) -> Job {
         let mut files: BTreeMap<String, FileData> = self
             .files
             .iter()
@@ -142,22 +169,41 @@ impl Execution {
         };
         let compile = self.language.compile_command(&self.source_name);
         let mut collect = self.collect.clone();
-        let (script, timeout_ms, memory_mb) = match &compile {
-            None => (
-                format!("exec {run}"),
-                self.run.timeout_ms,
-                self.run.memory_mb,
-            ),
-            Some(cmd) => {
-                collect.push(format!("{STAGE_DIR}/*"));
-                (
-                    staged_script(cmd, self.compile.timeout_ms, &run),
-                    self.compile.timeout_ms + self.run.timeout_ms,
-                    match (self.compile.memory_mb, self.run.memory_mb) {
-                        (Some(a), Some(b)) => Some(a.max(b)),
-                        _ => None,
+        let mut job = Job {
+            id: Some(id.to_owned()),
+            stdin: (!self.stdin.is_empty()).then(|| FileData::from_bytes(self.stdin.clone())),
+            timeout_ms: Some(self.run.timeout_ms),
+            limits: Limits {
+                memory_mb: self.run.memory_mb,
+                cpu_ms: self.run.cpu_ms,
+                output_bytes: self.output_bytes,
+                ..Limits::default()
+            },
+            output_mode: self.output_bytes.map(|_| OutputMode::Truncate),
+            ..Job::default()
+        };
+        let script = match (&compile, staging) {
+            (None, _) => format!("exec {run}"),
+            (Some(cmd), Staging::Native) => {
+                job.compile = Some(CompileStage {
+                    timeout_ms: Some(self.compile.timeout_ms),
+                    limits: schema::StageLimits {
+                        memory_mb: self.compile.memory_mb,
+                        cpu_ms: self.compile.cpu_ms,
+                        ..schema::StageLimits::default()
                     },
-                )
+                    ..CompileStage::shell(cmd.clone())
+                });
+                format!("exec {run}")
+            }
+            (Some(cmd), Staging::Shell) => {
+                collect.push(format!("{STAGE_DIR}/*"));
+                job.timeout_ms = Some(self.compile.timeout_ms + self.run.timeout_ms);
+                job.limits.memory_mb = match (self.compile.memory_mb, self.run.memory_mb) {
+                    (Some(a), Some(b)) => Some(a.max(b)),
+                    _ => None,
+                };
+                staged_script(cmd, self.compile.timeout_ms, &run)
             }
         };
         let mut argv = vec![
@@ -167,22 +213,10 @@ impl Execution {
             "sh".to_owned(),
         ];
         argv.extend(self.args.iter().cloned());
-        Job {
-            id: Some(id.to_owned()),
-            argv: Some(argv),
-            stdin: (!self.stdin.is_empty()).then(|| FileData::from_bytes(self.stdin.clone())),
-            files,
-            timeout_ms: Some(timeout_ms),
-            limits: Limits {
-                memory_mb,
-                cpu_ms: self.run.cpu_ms,
-                output_bytes: self.output_bytes,
-                ..Limits::default()
-            },
-            output_mode: self.output_bytes.map(|_| OutputMode::Truncate),
-            collect,
-            ..Job::default()
-        }
+        job.argv = Some(argv);
+        job.files = files;
+        job.collect = collect;
+        job
     }
 
     /// Whether this execution has a compile stage.
@@ -207,7 +241,7 @@ fn staged_script(compile: &str, timeout_ms: u64, run: &str) -> String {
 }
 
 /// What a finished job means for the execution it ran.
-pub fn interpret(exec: &Execution, result: &JobResult) -> Executed {
+pub fn interpret(exec: &Execution, staging: Staging, result: &JobResult) -> Executed {
     let o = &result.outcome;
     let run_stage = || Stage {
         status: match o.status {
@@ -227,15 +261,41 @@ pub fn interpret(exec: &Execution, result: &JobResult) -> Executed {
         cpu_ms: o.cpu_ms,
         max_rss_kb: o.max_rss_kb,
     };
+    if let Some(stage) = &o.compile {
+        let compile = from_stage_outcome(stage);
+        if o.status == Status::CompileError {
+            return Executed::CompileFailed { compile };
+        }
+        if !matches!(
+            o.status,
+            Status::Invalid | Status::Error | Status::Cancelled
+        ) {
+            return Executed::Ran {
+                compile: Some(compile),
+                run: run_stage(),
+                files: o.files.clone(),
+            };
+        }
+    }
     if matches!(
         o.status,
-        Status::Invalid | Status::Error | Status::Cancelled
+        Status::Invalid | Status::Error | Status::Cancelled | Status::CompileError
     ) {
         return Executed::Internal {
             error: format!(
                 "job {}: {}",
                 o.status,
                 o.error.as_deref().unwrap_or("no detail")
+            ),
+        };
+    }
+    if exec.is_staged() && staging == Staging::Native {
+        // A worker that predates the compile stage refuses it (`invalid`, above); one that
+        // took the job and reported no stage did not run it.
+        return Executed::Internal {
+            error: format!(
+                "worker {} ran the job without its compile stage (gateway --staging shell serves such workers)",
+                result.worker
             ),
         };
     }
@@ -298,6 +358,29 @@ pub fn interpret(exec: &Execution, result: &JobResult) -> Executed {
     }
 }
 
+/// A node's report of a compile stage, in the gateway's terms.
+fn from_stage_outcome(s: &StageOutcome) -> Stage {
+    use schema::StageStatus as S;
+    Stage {
+        status: match s.status {
+            S::Ok => StageStatus::Ok,
+            S::Failed => StageStatus::Failed,
+            S::Timeout => StageStatus::Timeout,
+            S::CpuLimit => StageStatus::CpuLimit,
+            S::MemoryLimit => StageStatus::MemoryLimit,
+            S::OutputLimit => StageStatus::OutputLimit,
+            S::Signaled => StageStatus::Signaled,
+        },
+        exit_code: s.exit_code,
+        signal: s.signal,
+        stdout: s.stdout.clone(),
+        stderr: s.stderr.clone(),
+        duration_ms: s.duration_ms,
+        cpu_ms: s.cpu_ms,
+        max_rss_kb: s.max_rss_kb,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -347,7 +430,8 @@ mod tests {
     #[test]
     fn an_interpreted_language_is_one_stage_with_the_run_limits() {
         let e = exec("python3");
-        let job = e.to_job("abc");
+        let job = e.to_job("abc", Staging::Native);
+        assert_eq!(job, e.to_job("abc", Staging::Shell));
         job.validate().unwrap();
         assert_eq!(job.timeout_ms, Some(2_000));
         assert_eq!(job.limits.memory_mb, Some(128));
@@ -356,7 +440,7 @@ mod tests {
         assert_eq!(argv[2], "exec python3 main.py \"$@\"");
         assert_eq!(&argv[3..], ["sh", "a b"]);
         assert_eq!(job.collect, ["out.txt"]);
-        let r = interpret(&e, &result(ok_outcome("hi")));
+        let r = interpret(&e, Staging::Native, &result(ok_outcome("hi")));
         let Executed::Ran {
             compile: None, run, ..
         } = r
@@ -367,9 +451,84 @@ mod tests {
     }
 
     #[test]
-    fn a_compiled_language_adds_the_compile_stage_and_its_limits() {
+    fn a_compiled_language_sends_its_compile_stage_with_its_own_limits() {
         let e = exec("cpp");
-        let job = e.to_job("abc");
+        let job = e.to_job("abc", Staging::Native);
+        job.validate().unwrap();
+        assert_eq!(job.timeout_ms, Some(2_000));
+        assert_eq!(
+            (job.limits.memory_mb, job.limits.cpu_ms),
+            (Some(128), Some(1_000))
+        );
+        let stage = job.compile.as_ref().unwrap();
+        assert_eq!(stage.cmd.as_deref(), Some("g++ -O2 -o main main.cpp"));
+        assert_eq!(stage.timeout_ms, Some(10_000));
+        assert_eq!(stage.limits.memory_mb, Some(512));
+        assert_eq!(job.argv.as_ref().unwrap()[2], "exec ./main \"$@\"");
+        assert_eq!(job.collect, ["out.txt"]);
+    }
+
+    fn native_result(status: Status, compile: schema::StageStatus, code: i32) -> JobResult {
+        let mut o = ok_outcome("42");
+        o.status = status;
+        o.compile = Some(StageOutcome {
+            status: compile,
+            exit_code: code,
+            signal: None,
+            timed_out: compile == schema::StageStatus::Timeout,
+            stdout: String::new(),
+            stderr: "warning".into(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_ms: 800.0,
+            cpu_ms: 600,
+            max_rss_kb: 90_000,
+        });
+        result(o)
+    }
+
+    #[test]
+    fn a_nodes_compile_report_is_read_per_stage() {
+        let e = exec("cpp");
+        let r = interpret(
+            &e,
+            Staging::Native,
+            &native_result(Status::Ok, schema::StageStatus::Ok, 0),
+        );
+        let Executed::Ran {
+            compile: Some(c),
+            run,
+            ..
+        } = r
+        else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (c.status, c.cpu_ms, c.max_rss_kb, c.stderr.as_str()),
+            (StageStatus::Ok, 600, 90_000, "warning")
+        );
+        assert_eq!(
+            (run.stdout.as_str(), run.cpu_ms, run.duration_ms),
+            ("42", 700, 900.0)
+        );
+        let r = interpret(
+            &e,
+            Staging::Native,
+            &native_result(Status::CompileError, schema::StageStatus::Timeout, 124),
+        );
+        let Executed::CompileFailed { compile } = r else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (compile.status, compile.exit_code),
+            (StageStatus::Timeout, 124)
+        );
+    }
+
+    #[test]
+    fn a_compiled_language_in_one_script_sums_the_stages_limits() {
+        let e = exec("cpp");
+        let job = e.to_job("abc", Staging::Shell);
         job.validate().unwrap();
         assert_eq!(job.timeout_ms, Some(12_000));
         assert_eq!(job.limits.memory_mb, Some(512));
@@ -398,6 +557,7 @@ mod tests {
         // Compiled, then ran.
         let r = interpret(
             &e,
+            Staging::Shell,
             &result(staged_outcome("0\n", "300000\n", ok_outcome("42"))),
         );
         let Executed::Ran {
@@ -417,7 +577,11 @@ mod tests {
             "the stage files are not the client's: {files:?}"
         );
         // The compiler failed.
-        let r = interpret(&e, &result(staged_outcome("1\n", "5000\n", ok_outcome(""))));
+        let r = interpret(
+            &e,
+            Staging::Shell,
+            &result(staged_outcome("1\n", "5000\n", ok_outcome(""))),
+        );
         let Executed::CompileFailed { compile } = r else {
             panic!("{r:?}")
         };
@@ -429,6 +593,7 @@ mod tests {
         // Killed at the compile timeout.
         let r = interpret(
             &e,
+            Staging::Shell,
             &result(staged_outcome("137\n", "10000500\n", ok_outcome(""))),
         );
         let Executed::CompileFailed { compile } = r else {
@@ -438,6 +603,7 @@ mod tests {
         // Killed early by SIGKILL (its memory): a signal, not a timeout.
         let r = interpret(
             &e,
+            Staging::Shell,
             &result(staged_outcome("137\n", "20000\n", ok_outcome(""))),
         );
         let Executed::CompileFailed { compile } = r else {
@@ -452,7 +618,11 @@ mod tests {
     #[test]
     fn a_job_that_never_ran_is_an_internal_error() {
         let e = exec("python3");
-        let r = interpret(&e, &result(Outcome::not_run(Status::Error, "no sandbox")));
+        let r = interpret(
+            &e,
+            Staging::Native,
+            &result(Outcome::not_run(Status::Error, "no sandbox")),
+        );
         assert_eq!(
             r,
             Executed::Internal {

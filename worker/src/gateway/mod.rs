@@ -39,7 +39,7 @@ use serde_json::{json, Value};
 use tokio::net::TcpListener;
 
 use crate::gateway::catalogue::Catalogue;
-use crate::gateway::exec::{Bounds, Executed, Execution};
+use crate::gateway::exec::{Bounds, Executed, Execution, Staging};
 use crate::gateway::metrics::{ErrorKind, Metrics};
 
 /// The endpoints, as their routes are written (the metrics' `endpoint` label).
@@ -76,6 +76,8 @@ pub struct GatewayConfig {
     pub queue_wait: Duration,
     /// How long a Judge0 submission's request is kept (and its job's result).
     pub result_ttl_s: u64,
+    /// How compiled languages reach the workers.
+    pub staging: Staging,
 }
 
 impl Default for GatewayConfig {
@@ -88,6 +90,7 @@ impl Default for GatewayConfig {
             judge0: judge0::Limits::default(),
             queue_wait: Duration::from_secs(120),
             result_ttl_s: 86_400,
+            staging: Staging::Native,
         }
     }
 }
@@ -128,7 +131,7 @@ impl Gateway {
     /// returns the id, or the job's validation error (nothing enqueued).
     async fn submit(&self, exec: &Execution) -> Result<String, Submitted> {
         let id = uuid::Uuid::new_v4().to_string();
-        let mut job = exec.to_job(&id);
+        let mut job = exec.to_job(&id, self.config.staging);
         job.result_ttl_s = Some(self.config.result_ttl_s);
         job.validate()
             .map_err(|e| Submitted::Invalid(e.to_string()))?;
@@ -146,7 +149,7 @@ impl Gateway {
         let own = exec.compile.timeout_ms + exec.run.timeout_ms;
         let timeout = Duration::from_millis(own) + self.config.queue_wait;
         match self.queue.wait_result(id, timeout).await {
-            Ok(Some(result)) => exec::interpret(exec, &result),
+            Ok(Some(result)) => exec::interpret(exec, self.config.staging, &result),
             Ok(None) => {
                 let _ = self.queue.cancel(id).await;
                 Executed::Internal {
@@ -459,7 +462,7 @@ fn judge0_prepare(
         forkbox_queue::now_ms(),
     )?;
     let exec = sub.execution(&gw.catalogue, &gw.config.bounds)?;
-    let job = exec.to_job("check");
+    let job = exec.to_job("check", gw.config.staging);
     job.validate()
         .map_err(|e| judge0::error(422, format!("the submission cannot run: {e}")))?;
     Ok((sub, exec))
@@ -486,7 +489,7 @@ async fn judge0_enqueue(
             json!({"error": format!("storing the submission: {e}")}),
         ));
     }
-    let mut job = exec.to_job(&id);
+    let mut job = exec.to_job(&id, gw.config.staging);
     job.result_ttl_s = Some(gw.config.result_ttl_s);
     match gw.queue.enqueue_idempotent(&job).await {
         Ok(_) => {
@@ -594,7 +597,7 @@ async fn judge0_lookup(
         .map_err(|e| server(format!("a stored submission is corrupt: {e}")))?;
     let done = |result: &forkbox_queue::JobResult| {
         let executed = match sub.execution(&gw.catalogue, &gw.config.bounds) {
-            Ok(exec) => exec::interpret(&exec, result),
+            Ok(exec) => exec::interpret(&exec, gw.config.staging, result),
             Err(_) => Executed::Internal {
                 error: format!("language {} is no longer offered here", sub.language_id),
             },
