@@ -45,6 +45,9 @@ pub const STATUSES: [(u32, &str); 14] = [
     (14, "Exec Format Error"),
 ];
 
+/// Request fields sent in base64 under `base64_encoded=true`.
+const ENCODED_FIELDS: [&str; 3] = ["source_code", "stdin", "expected_output"];
+
 /// Fields a `GET` returns without `fields`.
 pub const DEFAULT_FIELDS: [&str; 8] = [
     "token",
@@ -313,10 +316,12 @@ pub fn parse_submission(
     let obj = body
         .as_object()
         .ok_or_else(|| error(400, "the body must be a JSON object"))?;
+    // Only the program's text travels in base64; options and arguments never do.
     let text = |field: &str| -> Result<Option<String>, Rejection> {
+        let encoded = base64_encoded && ENCODED_FIELDS.contains(&field);
         match obj.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) if base64_encoded => decode64(field, s).map(Some),
+            Some(Value::String(s)) if encoded => decode64(field, s).map(Some),
             Some(Value::String(s)) => Ok(Some(s.clone())),
             Some(_) => Err(invalid(field, "must be a string")),
         }
@@ -892,6 +897,12 @@ mod tests {
         assert_eq!(s.source_code, "print(1)");
         assert_eq!(s.stdin.as_deref(), Some("5\n"));
         assert_eq!(s.expected_output.as_deref(), Some("5"));
+        let s = parse(
+            json!({"source_code": "eA==", "language_id": 71, "command_line_arguments": "a 'b c'"}),
+            true,
+        )
+        .unwrap();
+        assert_eq!(s.command_line_arguments.as_deref(), Some("a 'b c'"));
         assert_eq!(
             (s.cpu_time_limit, s.wall_time_limit, s.memory_limit),
             (5.0, 10.0, 128_000)

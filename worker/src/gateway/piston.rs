@@ -1,7 +1,8 @@
 //! Piston v2: `GET /api/v2/runtimes` and `POST /api/v2/execute`, as pure translations.
 //!
 //! What clients depend on, kept as Piston does it: a bad field is HTTP 400 with
-//! `{"message": ...}`, a body that is not JSON 415; `version` is exact, `*`, or a semver
+//! `{"message": ...}`, a body that is not JSON 415 (a JSON body is taken whatever its
+//! `Content-Type`: npm's `piston-client` sends it as `text/plain`); `version` is exact, `*`, or a semver
 //! prefix (`3`, `3.11`); `files[].encoding` is `utf8` (the default), `base64` or `hex`; each
 //! stage reports `stdout`, `stderr`, `output`, `code` (null when killed) and `signal`
 //! (`"SIGKILL"` at a time limit); output is capped at a number of characters (1,024 by
@@ -94,14 +95,19 @@ pub fn parse_execute(
     catalogue: &Catalogue,
     bounds: &Bounds,
 ) -> Result<Execution, Rejection> {
-    if !content_type.is_some_and(|t| t.trim_start().starts_with("application/json")) {
-        return Err(Rejection {
-            status: 415,
-            message: "requests must be of type application/json".into(),
-        });
-    }
-    let body: ExecuteBody = serde_json::from_slice(body)
-        .map_err(|e| bad(format!("the body is not valid JSON: {e}")))?;
+    let declared_json =
+        content_type.is_some_and(|t| t.trim_start().starts_with("application/json"));
+    let body: ExecuteBody = match serde_json::from_slice(body) {
+        Ok(b) => b,
+        Err(e) if declared_json => return Err(bad(format!("the body is not valid JSON: {e}"))),
+        // npm's piston-client sends its JSON as text/plain: a body that parses is taken.
+        Err(_) => {
+            return Err(Rejection {
+                status: 415,
+                message: "requests must be of type application/json".into(),
+            })
+        }
+    };
     let language = match body.language {
         Some(Value::String(s)) => s,
         _ => return Err(bad("language is required as a string")),
@@ -461,9 +467,26 @@ mod tests {
             let r = parse(body.clone()).unwrap_err();
             assert_eq!((r.status, r.message.as_str()), (status, message), "{body}");
         }
-        let r =
-            parse_execute(Some("text/plain"), b"{}", &catalogue(), &Bounds::default()).unwrap_err();
+        let r = parse_execute(
+            Some("text/plain"),
+            b"language=python",
+            &catalogue(),
+            &Bounds::default(),
+        )
+        .unwrap_err();
         assert_eq!(r.status, 415);
+        let r = parse_execute(None, b"<xml/>", &catalogue(), &Bounds::default()).unwrap_err();
+        assert_eq!(r.status, 415);
+        // JSON sent as text (piston-client) is read.
+        let body =
+            json!({"language": "python", "version": "*", "files": [{"content": ""}]}).to_string();
+        parse_execute(
+            Some("text/plain;charset=UTF-8"),
+            body.as_bytes(),
+            &catalogue(),
+            &Bounds::default(),
+        )
+        .unwrap();
         let r = parse_execute(
             Some("application/json"),
             b"{",
