@@ -82,6 +82,51 @@ def tmp_root() -> Iterator[Path]:
     shutil.rmtree(d, ignore_errors=True)
 
 
+class Fleet:
+    """A private redis-server with a worker on queue `gw`, and the gateways started on it."""
+
+    def __init__(self, binary: Path, redis_url: str, tmp_root: Path) -> None:
+        self.binary, self.redis_url, self.tmp_root = binary, redis_url, tmp_root
+        self.procs: List[Proc] = []
+
+    def start_gateway(self, *extra: str) -> str:
+        """Starts `forkbox gateway` with `extra` options; returns its base URL."""
+        n = len(self.procs)
+        gw = Proc("forkbox gateway", [str(self.binary), "gateway", "--redis", self.redis_url, "--queue", "gw",
+                                      "--listen", "127.0.0.1:0", *extra], self.tmp_root / f"gateway-{n}.log")
+        self.procs.append(gw)
+        end = time.monotonic() + 60
+        while True:
+            m = re.search(r"forkbox gateway: (http://127\.0\.0\.1:\d+)", gw.log.read_text(errors="replace"))
+            if m:
+                return m.group(1)
+            if time.monotonic() > end or not gw.alive():
+                gw.fail("did not print its address within 60 s")
+            time.sleep(0.1)
+
+    def queued(self) -> int:
+        """Entries ever added to the job stream (XINFO's entries-added counter)."""
+        with socket.create_connection(("127.0.0.1", int(self.redis_url.rsplit(":", 1)[1])), timeout=5) as s:
+            key = b"forkbox:{gw}:jobs"
+            s.sendall(b"*3\r\n$5\r\nXINFO\r\n$6\r\nSTREAM\r\n$%d\r\n%s\r\n" % (len(key), key))
+            data = b""
+            while b"entries-added" not in data or not data.endswith(b"\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        m = re.search(rb"entries-added\r\n:(\d+)", data)
+        return int(m.group(1)) if m else 0
+
+
+@pytest.fixture(scope="session")
+def fleet(gateway: str) -> "Fleet":
+    return FLEET[0]
+
+
+FLEET: List[Fleet] = []
+
+
 @pytest.fixture(scope="session")
 def gateway(tmp_root: Path) -> Iterator[str]:
     """The base URL of a gateway in front of a worker, both on a private redis-server."""
@@ -107,18 +152,11 @@ def gateway(tmp_root: Path) -> Iterator[str]:
         time.sleep(0.05)
     worker = Proc("forkbox worker", [str(binary), "worker", "--redis", url, "--queues", "gw", "--slots", "2"],
                   tmp_root / "worker.log")
-    gw = Proc("forkbox gateway", [str(binary), "gateway", "--redis", url, "--queue", "gw",
-                                  "--listen", "127.0.0.1:0"], tmp_root / "gateway.log")
-    base = None
+    fleet = Fleet(binary, url, tmp_root)
+    FLEET.append(fleet)
+    base = fleet.start_gateway()
+    gw = fleet.procs[0]
     end = time.monotonic() + 60
-    while base is None:
-        m = re.search(r"forkbox gateway: (http://127\.0\.0\.1:\d+)", gw.log.read_text(errors="replace"))
-        if m:
-            base = m.group(1)
-            break
-        if time.monotonic() > end or not gw.alive():
-            gw.fail("did not print its address within 60 s")
-        time.sleep(0.1)
     # Ready when a program has run through it end to end.
     body = b'{"code": "print(7*6)", "language": "python"}'
     while True:
@@ -136,6 +174,7 @@ def gateway(tmp_root: Path) -> Iterator[str]:
                 gw.fail("did not run a probe program within 60 s")
             time.sleep(0.2)
     yield base
-    gw.stop()
+    for p in fleet.procs:
+        p.stop()
     worker.stop()
     redis.stop()
