@@ -19,7 +19,7 @@ TEST_LOGS := target/test-logs
 DEBIAN_PACKAGES := libseccomp-dev pkg-config redis-server redis-tools iproute2 python3-venv util-linux bubblewrap openssl
 # The language runtimes the limit tests run at the default limits (node may come from another
 # repository's `nodejs`; the JDK from `openjdk-*-jdk-headless`, which the default one depends on).
-RUNTIME_PACKAGES := nodejs default-jdk-headless golang-go ruby erlang-base gcc g++ perl
+RUNTIME_PACKAGES := nodejs default-jdk-headless golang-go ruby erlang-base gcc g++ perl lua5.4 node-typescript
 # numpy, for the warm runtime's heavier-preload test (numpy's generator reseeded per job) and
 # its benchmark.
 WARM_PACKAGES := python3-numpy

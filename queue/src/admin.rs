@@ -145,11 +145,76 @@ impl Queue {
             })
     }
 
+    /// Publishes what `worker` can run (`forkbox:{Q}:runtimes:<worker>`, a JSON array of
+    /// `{"language", "version"}`) for `ttl`: renewed with the heartbeat, gone with it.
+    pub async fn publish_runtimes(
+        &self,
+        worker: &str,
+        runtimes_json: &str,
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        redis::cmd("SET")
+            .arg(self.keys.runtimes(worker))
+            .arg(runtimes_json)
+            .arg("PX")
+            .arg(ttl.as_millis().max(1) as u64)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|source| QueueError::Heartbeat {
+                queue: self.name().to_owned(),
+                worker: worker.to_owned(),
+                source,
+            })
+    }
+
+    /// What each live worker of this queue published with its heartbeat: (worker, the JSON
+    /// it set), from one SCAN over `forkbox:{Q}:runtimes:*` (on the queue's shard in a
+    /// cluster).
+    pub async fn published_runtimes(&self) -> Result<Vec<(String, String)>, QueueError> {
+        let prefix = self.keys.runtimes("");
+        let pattern = format!("{}*", glob_escape(&prefix));
+        let mut conn = self.conn();
+        let (mut cursor, mut keys) = (0u64, Vec::new());
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, batch): (u64, Vec<String>) = conn
+                .query_in_slot_of(&self.keys.jobs(), &scan)
+                .await
+                .map_err(|e| self.stats_err(e))?;
+            keys.extend(batch);
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let mut out = Vec::new();
+        for key in keys {
+            // One GET each: the keys share the queue's slot, and one that expired since the
+            // scan is simply left out.
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .map_err(|e| self.stats_err(e))?;
+            if let (Some(worker), Some(value)) = (key.strip_prefix(&prefix), value) {
+                out.push((worker.to_owned(), value));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Removes `worker`'s heartbeat: a worker that stopped cleanly is not shown alive until
     /// the key would have expired.
     pub async fn remove_heartbeat(&self, worker: &str) -> Result<(), QueueError> {
         redis::cmd("DEL")
             .arg(self.keys.worker(worker))
+            .arg(self.keys.runtimes(worker))
             .query_async::<()>(&mut self.conn())
             .await
             .map_err(|source| QueueError::Heartbeat {

@@ -122,6 +122,7 @@ pub fn contract() -> Value {
             "cancel_channel": q.cancel_channel(),
             "cancel_ahead": q.cancel_ahead(),
             "worker": q.worker("<name>"),
+            "runtimes": q.runtimes("<name>"),
             "idem": q.idem("<id>"),
             "replies": q.replies("<name>"),
             "meta": q.meta(),

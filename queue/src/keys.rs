@@ -233,6 +233,12 @@ impl Keys {
         format!("{}worker:{name}", self.prefix)
     }
 
+    /// `forkbox:{Q}:runtimes:<name>` — what a live worker can run (JSON, same TTL as its
+    /// heartbeat).
+    pub fn runtimes(&self, name: &str) -> String {
+        format!("{}runtimes:{name}", self.prefix)
+    }
+
     /// `forkbox:{Q}:idem:<id>` — marks an id as enqueued (value: its stream entry id).
     pub fn idem(&self, id: &str) -> String {
         format!("{}idem:{id}", self.prefix)

@@ -7,4 +7,5 @@
 pub mod check;
 pub mod gateway;
 pub mod node;
+pub mod runtimes;
 pub mod sandbox;

@@ -4,6 +4,7 @@
 //! (tables, a progress bar) or for scripts (`--json`, ids alone on stdout), and exit codes like
 //! `forkbox run` where a job's result is printed.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -807,6 +808,54 @@ fn resume_command(args: &BatchWaitArgs) -> String {
         cmd += " --fail-on-error";
     }
     cmd
+}
+
+/// `forkbox runtimes`: the languages and versions the live workers of the queues published,
+/// each with how many nodes offer it.
+pub async fn runtimes(args: StatsArgs) -> anyhow::Result<ExitCode> {
+    use forkbox::runtimes::Available;
+    let broker = connect_to(&args.redis, args.cluster, &args.redis_tls.tls()).await?;
+    let mut offers: BTreeMap<Available, BTreeSet<String>> = BTreeMap::new();
+    for name in &args.queues {
+        let q = broker.partitioned(name, args.partitions, QueueConfig::default())?;
+        for part in q.partitions() {
+            for (worker, json) in part.published_runtimes().await? {
+                let list: Vec<Available> = serde_json::from_str(&json).map_err(|e| {
+                    anyhow::anyhow!("worker {worker} published unreadable runtimes: {e}")
+                })?;
+                for available in list {
+                    offers.entry(available).or_default().insert(worker.clone());
+                }
+            }
+        }
+    }
+    if args.json {
+        let rows: Vec<serde_json::Value> = offers
+            .iter()
+            .map(|(a, nodes)| {
+                serde_json::json!({"language": a.language, "version": a.version, "nodes": nodes.len()})
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if offers.is_empty() {
+        eprintln!(
+            "no live worker of {} published its runtimes",
+            args.queues.join(",")
+        );
+        return Ok(ExitCode::from(1));
+    }
+    println!("{:<16} {:<16} {:>5}", "LANGUAGE", "VERSION", "NODES");
+    for (a, nodes) in &offers {
+        println!(
+            "{:<16} {:<16} {:>5}",
+            for_stdout(&a.language),
+            for_stdout(&a.version),
+            nodes.len()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {

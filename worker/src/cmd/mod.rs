@@ -66,6 +66,9 @@ pub enum Command {
     /// Serve Piston's, Judge0's and SandboxFusion's HTTP APIs over the queue: each request
     /// becomes a job, its answer the job's result (listens on 127.0.0.1:2358; no TLS).
     Gateway(gateway::GatewayArgs),
+    /// What the fleet can run: each language and version the live workers of the queues
+    /// published, with how many nodes offer it.
+    Runtimes(client::StatsArgs),
     /// Cancel a job: a queued one is skipped, a running one is killed (status `cancelled`).
     /// A finished or unknown id cancels nothing (exit 1), unless `--ahead` is given.
     Cancel(client::CancelArgs),
@@ -109,6 +112,7 @@ pub fn main(cli: Cli) -> ExitCode {
             client_runtime().and_then(|rt| rt.block_on(client::dlq_purge(a)))
         }
         Command::Gateway(a) => gateway::main(a),
+        Command::Runtimes(a) => client_runtime().and_then(|rt| rt.block_on(client::runtimes(a))),
         Command::Cancel(a) => client_runtime().and_then(|rt| rt.block_on(client::cancel(a))),
     };
     match result {

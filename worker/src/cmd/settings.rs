@@ -106,6 +106,10 @@ pub struct WorkerSettings {
     #[arg(long, env = "FORKBOX_ALLOW_EVICTION")]
     #[serde(default)]
     pub allow_eviction: bool,
+    /// A runtime catalogue (TOML) over the built-in one: its entries replace the built-in
+    /// ones of the same name and add new languages (see docs/operations.md).
+    #[arg(long, env = "FORKBOX_RUNTIMES", value_name = "FILE")]
+    pub runtimes: Option<PathBuf>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "FORKBOX_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -179,6 +183,7 @@ impl WorkerSettings {
             max_result_ttl_s,
             max_result_bytes,
             allow_eviction,
+            runtimes,
             config: _,
             sandbox,
         } = file;
@@ -203,6 +208,7 @@ impl WorkerSettings {
             max_result_ttl_s: self.max_result_ttl_s.or(max_result_ttl_s),
             max_result_bytes: self.max_result_bytes.or(max_result_bytes),
             allow_eviction: self.allow_eviction || allow_eviction,
+            runtimes: self.runtimes.or(runtimes),
             config: self.config,
             sandbox: self.sandbox.over(sandbox),
         }
@@ -252,6 +258,7 @@ impl WorkerSettings {
         set(&mut c.ceilings.result_ttl_s, self.max_result_ttl_s);
         set(&mut c.queue.max_result_bytes, self.max_result_bytes);
         c.allow_eviction = self.allow_eviction;
+        c.runtimes = forkbox::runtimes::Catalogue::load(self.runtimes.as_deref())?;
         // A maximum below a default lowers the default, as for the limits.
         c.queue.max_attempts = c.queue.max_attempts.min(c.ceilings.max_attempts);
         c.queue.result_ttl_s = c.queue.result_ttl_s.min(c.ceilings.result_ttl_s);

@@ -59,6 +59,8 @@ pub struct NodeConfig {
     /// Serve from a Redis whose `maxmemory-policy` is not `noeviction` (it may evict job
     /// streams and results); refused without it.
     pub allow_eviction: bool,
+    /// The languages the node probes at start and publishes with its heartbeat.
+    pub runtimes: crate::runtimes::Catalogue,
 }
 
 impl NodeConfig {
@@ -81,6 +83,7 @@ impl NodeConfig {
             ceilings: JobCeilings::default(),
             collect_max_bytes: crate::sandbox::EngineConfig::default().collect_max_bytes,
             allow_eviction: false,
+            runtimes: crate::runtimes::Catalogue::builtin(),
         }
     }
 

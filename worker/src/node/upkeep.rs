@@ -2,13 +2,14 @@
 //!
 //! Every third of the visibility timeout the node renews its heartbeat key on each queue and
 //! refreshes its claims on every entry it holds (running, or finished and waiting in the
-//! outbox), so the reclaimers of other nodes never take a live job. Every `lag_interval` it
+//! outbox), so the reclaimers of other nodes never take a live job; beside the heartbeat it
+//! publishes what the node can run (`forkbox:{Q}:runtimes:<name>`, once probed). Every `lag_interval` it
 //! reads the queues' stats into `forkbox_queue_lag`, `forkbox_queue_pending` and
 //! `forkbox_dead_letter_length` (each by `queue`); every few visibility timeouts it
 //! removes consumers that hold nothing and whose heartbeat expired (the queue crate's script
 //! checks both atomically, so a dead worker's entries are reclaimed before its consumer goes).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use forkbox_queue::QueueSet;
@@ -25,6 +26,7 @@ pub async fn run(
     health: Arc<RedisHealth>,
     visibility: Duration,
     lag_interval: Duration,
+    runtimes: Arc<OnceLock<String>>,
 ) {
     let refresh_every = (visibility / 3).max(Duration::from_millis(100));
     // Longer than two refresh periods, so one late refresh does not make the node look dead.
@@ -43,6 +45,12 @@ pub async fn run(
                 if let Err(e) = q.heartbeat(&worker, heartbeat_ttl).await {
                     health.failed("renewing the heartbeat", &e);
                     continue;
+                }
+                // What the node can run lives as long as its heartbeat (once probed).
+                if let Some(json) = runtimes.get() {
+                    if let Err(e) = q.publish_runtimes(&worker, json, heartbeat_ttl).await {
+                        health.failed("publishing the runtimes", &e);
+                    }
                 }
                 let ids = held.of(q.name(), q.keys().partition_index());
                 match q.refresh_claims(&worker, &ids).await {

@@ -210,6 +210,13 @@ impl Node {
             )));
         }
         background.push(tokio::spawn(health::probe(broker.clone(), health.clone())));
+        // Probed beside serving: the runtimes are published once known.
+        let runtimes = Arc::new(std::sync::OnceLock::new());
+        background.push(tokio::spawn(crate::runtimes::probe::publish_when_probed(
+            shared.engine.clone(),
+            config.runtimes.clone(),
+            runtimes.clone(),
+        )));
         background.push(tokio::spawn(upkeep::run(
             set.clone(),
             config.name.clone(),
@@ -217,6 +224,7 @@ impl Node {
             health.clone(),
             Duration::from_millis(config.queue.visibility_timeout_ms),
             config.lag_interval,
+            runtimes,
         )));
         let refill = reads_with_completions.then(|| shared.clone() as Arc<dyn outbox::Refill>);
         let (outbox, mut outbox_task) = outbox::start(
