@@ -45,6 +45,8 @@ def test_accepted_programs_see_stdin_and_default_args(results: dict) -> None:
     assert r["compile"]["code"] == 0, r
     assert r["run"]["stdout"] == "42 3\n", r
     assert results["javascript"]["run"]["stdout"] == "42\n"
+    java = results["java"]
+    assert (java["compile"]["code"], java["run"]["stdout"]) == (0, "42\n"), java
     # A wrong answer is one whose output differs: the same program, other input.
     assert r["run"]["stdout"] != "43 3\n"
 

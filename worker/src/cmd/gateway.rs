@@ -13,13 +13,16 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use forkbox::gateway::catalogue::Catalogue;
 use forkbox::gateway::exec::{Bounds, Staging};
 use forkbox::gateway::{Gateway, GatewayConfig};
+use forkbox::runtimes;
 use forkbox_queue::{Broker, QueueConfig};
 
 use super::client::{connect_to, ClientOpts};
 use super::init_logging;
+
+/// How often the gateway reads what the fleet's workers published.
+const REFRESH: Duration = Duration::from_secs(15);
 
 /// The address a gateway listens on unless told otherwise (Judge0's port, on loopback).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:2358";
@@ -74,6 +77,11 @@ pub struct GatewayOptions {
     /// compile stage, which refuse it; the stages then share the job's limits and usage).
     #[arg(long, value_name = "MODE", default_value = "shell")]
     pub staging: Staging,
+    /// A runtime catalogue file over the built-in one, as the workers' `--runtimes` (its
+    /// entries replace the built-in ones of the same name): how each language is compiled
+    /// and run. Give the gateway the workers' file.
+    #[arg(long, value_name = "FILE", env = "FORKBOX_RUNTIMES")]
+    pub runtimes: Option<PathBuf>,
     /// How long results and Judge0 submissions are kept, in seconds.
     #[arg(long, value_name = "SECS", default_value_t = 86_400)]
     pub result_ttl: u64,
@@ -133,41 +141,43 @@ fn read_api_key(path: &Path) -> anyhow::Result<String> {
     Ok(key)
 }
 
-/// Opens the queue, probes the catalogue and binds `listen`: a gateway ready to serve.
+/// Opens the queue, reads what the fleet runs and binds `listen`: a gateway ready to serve.
 pub async fn prepare(
     broker: Broker,
     queue: &str,
     partitions: usize,
     listen: SocketAddr,
     config: GatewayConfig,
+    runtimes: runtimes::Catalogue,
 ) -> anyhow::Result<(Arc<Gateway>, tokio::net::TcpListener)> {
+    let api_key = config.api_key.is_some();
     let q = broker
         .open_partitioned(queue, partitions, QueueConfig::default())
         .await?;
-    let catalogue = tokio::task::spawn_blocking(Catalogue::probe)
-        .await
-        .context("probing the language toolchains")?;
-    anyhow::ensure!(
-        !catalogue.languages().is_empty(),
-        "no language toolchain answers on this host (python3, node, gcc, ...)"
-    );
+    let gw = Arc::new(Gateway::new(broker, q, runtimes, config));
+    let offered = gw.refresh().await?;
+    if offered == 0 {
+        tracing::warn!(
+            "no language is offered yet: no worker of queue {queue} published its runtimes and \
+             none answers on this host; what workers publish is read every {} s",
+            REFRESH.as_secs()
+        );
+    }
+    gw.keep_fresh(REFRESH);
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
     if !listen.ip().is_loopback() {
         tracing::warn!(
             "the gateway listens on {listen}, beyond loopback, without TLS{}",
-            if config.api_key.is_none() {
-                " and without an API key"
-            } else {
+            if api_key {
                 ""
+            } else {
+                " and without an API key"
             }
         );
     }
-    Ok((
-        Arc::new(Gateway::new(broker, q, catalogue, config)),
-        listener,
-    ))
+    Ok((gw, listener))
 }
 
 /// One line per language: what the gateway offers.
@@ -175,7 +185,7 @@ pub fn describe(gw: &Gateway) -> String {
     gw.catalogue()
         .languages()
         .iter()
-        .map(|l| format!("{} {}", l.name, l.version))
+        .map(|l| format!("{} {}", l.name(), l.version))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -191,6 +201,7 @@ pub fn main(args: GatewayArgs) -> anyhow::Result<ExitCode> {
             args.client.partitions,
             args.listen,
             config,
+            runtimes::Catalogue::load(args.options.runtimes.as_deref())?,
         )
         .await?;
         let addr = listener.local_addr().context("the listening address")?;

@@ -17,10 +17,11 @@
 use std::collections::BTreeMap;
 
 use forkbox_queue::schema::{
-    self, CompileStage, FileData, Job, JobResult, Limits, OutputMode, StageOutcome, Status,
+    self, FileData, Job, JobResult, Limits, OutputMode, StageOutcome, Status,
 };
 
 use crate::gateway::catalogue::Language;
+use crate::runtimes::SourceFile;
 
 /// Where the compile stage's output and status are kept in the working directory.
 pub const STAGE_DIR: &str = ".forkbox-compile";
@@ -150,79 +151,89 @@ pub enum Executed {
 }
 
 impl Execution {
-    /// The job that runs this execution, under id `id`.
-    pub fn to_job(&self, id: &str, staging: Staging) -> Job {
-        let mut files: BTreeMap<String, FileData> = self
-            .files
-            .iter()
-            .map(|(k, v)| (k.clone(), FileData::from_bytes(v.clone())))
-            .collect();
-        files.insert(
-            self.source_name.clone(),
-            FileData::from_bytes(self.source.clone()),
-        );
-        let run = self.language.run_command(&self.source_name);
-        let run = if self.merge_stderr {
-            format!("{run} \"$@\" 2>&1")
-        } else {
-            format!("{run} \"$@\"")
+    /// The job that runs this execution, under id `id`: the runtime catalogue's expansion
+    /// of the language (files, compile stage, run command and arguments), with the stages'
+    /// limits, or why the files cannot make one.
+    pub fn to_job(&self, id: &str, staging: Staging) -> Result<Job, String> {
+        let mut sources = vec![SourceFile {
+            name: Some(self.source_name.clone()),
+            content: FileData::from_bytes(self.source.clone()),
+        }];
+        sources.extend(self.files.iter().map(|(name, bytes)| SourceFile {
+            name: Some(name.clone()),
+            content: FileData::from_bytes(bytes.clone()),
+        }));
+        let mut job = self
+            .language
+            .runtime
+            .expand(&sources, &self.args)
+            .map_err(|e| e.to_string())?;
+        job.id = Some(id.to_owned());
+        job.stdin = (!self.stdin.is_empty()).then(|| FileData::from_bytes(self.stdin.clone()));
+        job.timeout_ms = Some(self.run.timeout_ms);
+        job.limits = Limits {
+            memory_mb: self.run.memory_mb,
+            cpu_ms: self.run.cpu_ms,
+            output_bytes: self.output_bytes,
+            ..Limits::default()
         };
-        let compile = self.language.compile_command(&self.source_name);
-        let mut collect = self.collect.clone();
-        let mut job = Job {
-            id: Some(id.to_owned()),
-            stdin: (!self.stdin.is_empty()).then(|| FileData::from_bytes(self.stdin.clone())),
-            timeout_ms: Some(self.run.timeout_ms),
-            limits: Limits {
-                memory_mb: self.run.memory_mb,
-                cpu_ms: self.run.cpu_ms,
-                output_bytes: self.output_bytes,
-                ..Limits::default()
-            },
-            output_mode: self.output_bytes.map(|_| OutputMode::Truncate),
-            ..Job::default()
-        };
-        let script = match (&compile, staging) {
-            (None, _) => format!("exec {run}"),
-            (Some(cmd), Staging::Native) => {
-                job.compile = Some(CompileStage {
-                    timeout_ms: Some(self.compile.timeout_ms),
-                    limits: schema::StageLimits {
+        job.output_mode = self.output_bytes.map(|_| OutputMode::Truncate);
+        job.collect = self.collect.clone();
+        let mut run = job.argv.take().unwrap_or_default();
+        if self.merge_stderr {
+            // Through a shell, which the warm runtime cannot take: such a job runs cold.
+            let mut wrapped = vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "exec \"$@\" 2>&1".into(),
+                "sh".into(),
+            ];
+            wrapped.append(&mut run);
+            run = wrapped;
+            job.runtime = None;
+        }
+        if let Some(stage) = job.compile.as_mut() {
+            match staging {
+                Staging::Native => {
+                    stage.timeout_ms = Some(self.compile.timeout_ms);
+                    stage.limits = schema::StageLimits {
                         memory_mb: self.compile.memory_mb,
                         cpu_ms: self.compile.cpu_ms,
                         ..schema::StageLimits::default()
-                    },
-                    ..CompileStage::shell(cmd.clone())
-                });
-                format!("exec {run}")
+                    };
+                }
+                Staging::Shell => {
+                    let compile = shell_words(&stage.command());
+                    job.compile = None;
+                    job.runtime = None;
+                    job.collect.push(format!("{STAGE_DIR}/*"));
+                    job.timeout_ms = Some(self.compile.timeout_ms + self.run.timeout_ms);
+                    job.limits.memory_mb = match (self.compile.memory_mb, self.run.memory_mb) {
+                        (Some(a), Some(b)) => Some(a.max(b)),
+                        _ => None,
+                    };
+                    let script =
+                        staged_script(&compile, self.compile.timeout_ms, &shell_words(&run));
+                    run = vec!["/bin/sh".into(), "-c".into(), script];
+                }
             }
-            (Some(cmd), Staging::Shell) => {
-                collect.push(format!("{STAGE_DIR}/*"));
-                job.timeout_ms = Some(self.compile.timeout_ms + self.run.timeout_ms);
-                job.limits.memory_mb = match (self.compile.memory_mb, self.run.memory_mb) {
-                    (Some(a), Some(b)) => Some(a.max(b)),
-                    _ => None,
-                };
-                staged_script(cmd, self.compile.timeout_ms, &run)
-            }
-        };
-        let mut argv = vec![
-            "/bin/sh".to_owned(),
-            "-c".to_owned(),
-            script,
-            "sh".to_owned(),
-        ];
-        argv.extend(self.args.iter().cloned());
-        job.argv = Some(argv);
-        job.files = files;
-        job.collect = collect;
-        job
+        }
+        job.argv = Some(run);
+        Ok(job)
     }
 
     /// Whether this execution has a compile stage.
     pub fn is_staged(&self) -> bool {
-        self.language.compile.is_some()
+        self.language.is_compiled()
     }
+}
+
+/// `argv` as one shell command line, each word single-quoted.
+fn shell_words(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The shell script of a staged job: the compile stage under its own timeout, its output,
@@ -232,11 +243,10 @@ fn staged_script(compile: &str, timeout_ms: u64, run: &str) -> String {
     let secs = timeout_ms as f64 / 1000.0;
     format!(
         "mkdir -p {d} && s=$(date +%s%N) && \
-         {{ timeout -s KILL {secs:.3} sh -c '{c}' </dev/null >{d}/stdout 2>{d}/stderr; echo $? >{d}/status; }} && \
+         {{ timeout -s KILL {secs:.3} {compile} </dev/null >{d}/stdout 2>{d}/stderr; echo $? >{d}/status; }} && \
          echo $(( ($(date +%s%N) - s) / 1000 )) >{d}/duration_us && \
          if [ \"$(cat {d}/status)\" != 0 ]; then exit 0; fi && exec {run}",
         d = STAGE_DIR,
-        c = compile.replace('\'', r"'\''"),
     )
 }
 
@@ -384,13 +394,13 @@ fn from_stage_outcome(s: &StageOutcome) -> Stage {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::catalogue::builtin;
+    use crate::gateway::catalogue::all_at;
     use forkbox_queue::schema::Outcome;
 
     fn exec(lang: &str) -> Execution {
-        let language = builtin().into_iter().find(|l| l.name == lang).unwrap();
+        let language = all_at("1.0.0").find(lang).unwrap().clone();
         Execution {
-            source_name: language.source.to_owned(),
+            source_name: language.runtime.source_file.clone(),
             language,
             source: b"src".to_vec(),
             files: BTreeMap::new(),
@@ -430,16 +440,29 @@ mod tests {
     #[test]
     fn an_interpreted_language_is_one_stage_with_the_run_limits() {
         let e = exec("python3");
-        let job = e.to_job("abc", Staging::Native);
-        assert_eq!(job, e.to_job("abc", Staging::Shell));
+        let job = e.to_job("abc", Staging::Native).unwrap();
+        assert_eq!(job, e.to_job("abc", Staging::Shell).unwrap());
         job.validate().unwrap();
         assert_eq!(job.timeout_ms, Some(2_000));
         assert_eq!(job.limits.memory_mb, Some(128));
         assert_eq!(job.limits.cpu_ms, Some(1_000));
-        let argv = job.argv.unwrap();
-        assert_eq!(argv[2], "exec python3 main.py \"$@\"");
-        assert_eq!(&argv[3..], ["sh", "a b"]);
+        assert_eq!(job.argv.as_deref().unwrap(), ["python3", "main.py", "a b"]);
+        assert_eq!(
+            job.runtime,
+            Some(forkbox_queue::Runtime::Python),
+            "python runs warm"
+        );
         assert_eq!(job.collect, ["out.txt"]);
+        assert_eq!(job.stdin, Some(FileData::Text("in".into())));
+        // Standard error into standard output goes through a shell, cold.
+        let mut merged = exec("python3");
+        merged.merge_stderr = true;
+        let job = merged.to_job("abc", Staging::Native).unwrap();
+        assert_eq!(
+            job.argv.as_deref().unwrap()[2..],
+            ["exec \"$@\" 2>&1", "sh", "python3", "main.py", "a b"]
+        );
+        assert_eq!(job.runtime, None);
         let r = interpret(&e, Staging::Native, &result(ok_outcome("hi")));
         let Executed::Ran {
             compile: None, run, ..
@@ -452,8 +475,8 @@ mod tests {
 
     #[test]
     fn a_compiled_language_sends_its_compile_stage_with_its_own_limits() {
-        let e = exec("cpp");
-        let job = e.to_job("abc", Staging::Native);
+        let e = exec("c++");
+        let job = e.to_job("abc", Staging::Native).unwrap();
         job.validate().unwrap();
         assert_eq!(job.timeout_ms, Some(2_000));
         assert_eq!(
@@ -461,10 +484,10 @@ mod tests {
             (Some(128), Some(1_000))
         );
         let stage = job.compile.as_ref().unwrap();
-        assert_eq!(stage.cmd.as_deref(), Some("g++ -O2 -o main main.cpp"));
+        assert_eq!(stage.argv.as_ref().unwrap()[0], "g++");
         assert_eq!(stage.timeout_ms, Some(10_000));
         assert_eq!(stage.limits.memory_mb, Some(512));
-        assert_eq!(job.argv.as_ref().unwrap()[2], "exec ./main \"$@\"");
+        assert_eq!(job.argv.as_deref().unwrap(), ["./main", "a b"]);
         assert_eq!(job.collect, ["out.txt"]);
     }
 
@@ -489,7 +512,7 @@ mod tests {
 
     #[test]
     fn a_nodes_compile_report_is_read_per_stage() {
-        let e = exec("cpp");
+        let e = exec("c++");
         let r = interpret(
             &e,
             Staging::Native,
@@ -527,13 +550,18 @@ mod tests {
 
     #[test]
     fn a_compiled_language_in_one_script_sums_the_stages_limits() {
-        let e = exec("cpp");
-        let job = e.to_job("abc", Staging::Shell);
+        let e = exec("c++");
+        let job = e.to_job("abc", Staging::Shell).unwrap();
         job.validate().unwrap();
         assert_eq!(job.timeout_ms, Some(12_000));
         assert_eq!(job.limits.memory_mb, Some(512));
-        assert!(job.argv.unwrap()[2]
-            .contains("timeout -s KILL 10.000 sh -c 'g++ -O2 -o main main.cpp'"));
+        assert_eq!((job.compile.as_ref(), job.runtime), (None, None));
+        let script = &job.argv.as_ref().unwrap()[2];
+        assert!(
+            script.contains("timeout -s KILL 10.000 'g++' '-O2'"),
+            "{script}"
+        );
+        assert!(script.ends_with("exec './main' 'a b'"), "{script}");
         assert!(job.collect.contains(&format!("{STAGE_DIR}/*")));
     }
 
@@ -553,7 +581,7 @@ mod tests {
 
     #[test]
     fn compile_results_are_read_back_per_stage() {
-        let e = exec("cpp");
+        let e = exec("c++");
         // Compiled, then ran.
         let r = interpret(
             &e,

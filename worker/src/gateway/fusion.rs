@@ -64,7 +64,7 @@ pub fn parse_run_code(
     let lang = catalogue
         .languages()
         .iter()
-        .find(|l| l.fusion.contains(&language))
+        .find(|l| l.fusion.iter().any(|f| f == language))
         .ok_or_else(|| {
             invalid(
                 "language",
@@ -237,13 +237,12 @@ pub fn respond(executed: &Executed) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::catalogue::builtin;
     use forkbox_queue::schema::FileData;
 
     fn parse(body: Value) -> Result<Execution, Rejection> {
         parse_run_code(
             body.to_string().as_bytes(),
-            &Catalogue::new(builtin()),
+            &crate::gateway::catalogue::all_at("1.0.0"),
             &Bounds::default(),
         )
     }
@@ -256,7 +255,7 @@ mod tests {
             "stdin": "x", "files": {"a.txt": "aGk=", "empty": null}, "fetch_files": ["out.txt"]
         }))
         .unwrap();
-        assert_eq!(e.language.name, "python3");
+        assert_eq!(e.language.name(), "python3");
         assert_eq!(e.run.timeout_ms, 2_500);
         assert_eq!(e.run.memory_mb, Some(256));
         assert_eq!(e.files["a.txt"], b"hi");
@@ -266,14 +265,14 @@ mod tests {
             parse(json!({"code": "", "language": "cpp"}))
                 .unwrap()
                 .language
-                .name,
-            "cpp"
+                .name(),
+            "c++"
         );
         assert_eq!(
             parse(json!({"code": "", "language": "nodejs"}))
                 .unwrap()
                 .language
-                .name,
+                .name(),
             "javascript"
         );
     }

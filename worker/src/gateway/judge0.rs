@@ -178,14 +178,15 @@ pub fn language(catalogue: &Catalogue, id: &str) -> Result<Value, Rejection> {
         .ok()
         .and_then(|id| catalogue.by_judge0_id(id))
         .ok_or_else(|| error(404, format!("language with id {id} doesn't exist")))?;
-    let file = l.source;
+    let file = &l.runtime.source_file;
+    let (compile, run) = l.commands(file);
     Ok(json!({
         "id": id.parse::<u32>().unwrap_or_default(),
         "name": language_name(l),
         "is_archived": false,
         "source_file": file,
-        "compile_cmd": l.compile_command(file),
-        "run_cmd": l.run_command(file),
+        "compile_cmd": compile.map(|c| c.join(" ")),
+        "run_cmd": run.join(" "),
     }))
 }
 
@@ -775,18 +776,8 @@ pub fn render(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::catalogue::builtin;
-
     fn catalogue() -> Catalogue {
-        Catalogue::new(
-            builtin()
-                .into_iter()
-                .map(|mut l| {
-                    l.version = "9.9.9".into();
-                    l
-                })
-                .collect(),
-        )
+        crate::gateway::catalogue::all_at("9.9.9")
     }
 
     fn parse(body: Value, b64: bool) -> Result<Submission, Rejection> {

@@ -23,7 +23,7 @@ pub mod piston;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -41,6 +41,7 @@ use tokio::net::TcpListener;
 use crate::gateway::catalogue::Catalogue;
 use crate::gateway::exec::{Bounds, Executed, Execution, Staging};
 use crate::gateway::metrics::{ErrorKind, Metrics};
+use crate::runtimes::{self, Available};
 
 /// The endpoints, as their routes are written (the metrics' `endpoint` label).
 pub const ENDPOINTS: [&str; 15] = [
@@ -100,38 +101,98 @@ impl Default for GatewayConfig {
 pub struct Gateway {
     queue: Partitioned,
     broker: Broker,
-    catalogue: Catalogue,
+    /// The runtime catalogue (how each language compiles and runs).
+    runtimes: runtimes::Catalogue,
+    /// What the fleet offers now ([`Gateway::refresh`]).
+    offered: RwLock<Arc<Catalogue>>,
+    /// What answers on this host, probed once, for a fleet that publishes nothing.
+    here: OnceLock<Vec<Available>>,
     config: GatewayConfig,
     metrics: Metrics,
     in_flight: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl Gateway {
+    /// A gateway offering nothing until [`Gateway::refresh`] reads what the fleet runs.
     pub fn new(
         broker: Broker,
         queue: Partitioned,
-        catalogue: Catalogue,
+        runtimes: runtimes::Catalogue,
         config: GatewayConfig,
     ) -> Gateway {
         Gateway {
             queue,
             broker,
-            catalogue,
+            runtimes,
+            offered: RwLock::new(Arc::new(Catalogue::default())),
+            here: OnceLock::new(),
             config,
             metrics: Metrics::new(&ENDPOINTS),
             in_flight: Mutex::new(HashMap::new()),
         }
     }
 
-    pub fn catalogue(&self) -> &Catalogue {
-        &self.catalogue
+    /// What the gateway offers now.
+    pub fn catalogue(&self) -> Arc<Catalogue> {
+        self.offered
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Reads what the queue's live workers published (language, version) and offers that;
+    /// when none published anything (workers older than the catalogue), what answers on this
+    /// host. Returns how many languages are offered.
+    pub async fn refresh(&self) -> Result<usize, forkbox_queue::QueueError> {
+        let mut available = Vec::new();
+        for part in self.queue.partitions() {
+            for (worker, json) in part.published_runtimes().await? {
+                match serde_json::from_str::<Vec<Available>>(&json) {
+                    Ok(list) => available.extend(list),
+                    Err(e) => tracing::warn!("worker {worker} published unreadable runtimes: {e}"),
+                }
+            }
+        }
+        if available.is_empty() {
+            available = match self.here.get() {
+                Some(here) => here.clone(),
+                None => {
+                    let catalogue = self.runtimes.clone();
+                    let here =
+                        tokio::task::spawn_blocking(move || catalogue::probe_here(&catalogue))
+                            .await
+                            .unwrap_or_default();
+                    self.here.get_or_init(|| here).clone()
+                }
+            };
+        }
+        let offered = Catalogue::offered(&self.runtimes, &available);
+        let n = offered.languages().len();
+        *self.offered.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(offered);
+        Ok(n)
+    }
+
+    /// Refreshes what is offered every `every`, for as long as the gateway lives.
+    pub fn keep_fresh(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let gw = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(gw) = gw.upgrade() else { return };
+                if let Err(e) = gw.refresh().await {
+                    tracing::warn!("reading what the fleet runs: {e}");
+                }
+            }
+        })
     }
 
     /// Enqueues `exec` under a fresh id (a uuid v4: Judge0 clients check tokens are) and
     /// returns the id, or the job's validation error (nothing enqueued).
     async fn submit(&self, exec: &Execution) -> Result<String, Submitted> {
         let id = uuid::Uuid::new_v4().to_string();
-        let mut job = exec.to_job(&id, self.config.staging);
+        let mut job = exec
+            .to_job(&id, self.config.staging)
+            .map_err(Submitted::Invalid)?;
         job.result_ttl_s = Some(self.config.result_ttl_s);
         job.validate()
             .map_err(|e| Submitted::Invalid(e.to_string()))?;
@@ -376,7 +437,7 @@ fn sandbox_failed(mut r: Response, executed: &Executed) -> Response {
 // --- Piston -------------------------------------------------------------------------------
 
 async fn piston_runtimes(State(gw): State<Arc<Gateway>>) -> Response {
-    json_response(200, piston::runtimes(&gw.catalogue))
+    json_response(200, piston::runtimes(&gw.catalogue()))
 }
 
 async fn piston_execute(
@@ -387,7 +448,8 @@ async fn piston_execute(
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
-    let exec = match piston::parse_execute(content_type, &body, &gw.catalogue, &gw.config.bounds) {
+    let exec = match piston::parse_execute(content_type, &body, &gw.catalogue(), &gw.config.bounds)
+    {
         Ok(e) => e,
         Err(r) => return json_response(r.status, json!({"message": r.message})),
     };
@@ -405,11 +467,11 @@ async fn piston_execute(
 // --- Judge0 -------------------------------------------------------------------------------
 
 async fn judge0_languages(State(gw): State<Arc<Gateway>>) -> Response {
-    json_response(200, judge0::languages(&gw.catalogue))
+    json_response(200, judge0::languages(&gw.catalogue()))
 }
 
 async fn judge0_language(State(gw): State<Arc<Gateway>>, Path(id): Path<String>) -> Response {
-    match judge0::language(&gw.catalogue, &id) {
+    match judge0::language(&gw.catalogue(), &id) {
         Ok(v) => json_response(200, v),
         Err(r) => json_response(r.status, r.body),
     }
@@ -457,12 +519,14 @@ fn judge0_prepare(
     let sub = judge0::parse_submission(
         body,
         b64,
-        &gw.catalogue,
+        &gw.catalogue(),
         &gw.config.judge0,
         forkbox_queue::now_ms(),
     )?;
-    let exec = sub.execution(&gw.catalogue, &gw.config.bounds)?;
-    let job = exec.to_job("check", gw.config.staging);
+    let exec = sub.execution(&gw.catalogue(), &gw.config.bounds)?;
+    let job = exec
+        .to_job("check", gw.config.staging)
+        .map_err(|e| judge0::error(422, format!("the submission cannot run: {e}")))?;
     job.validate()
         .map_err(|e| judge0::error(422, format!("the submission cannot run: {e}")))?;
     Ok((sub, exec))
@@ -489,7 +553,10 @@ async fn judge0_enqueue(
             json!({"error": format!("storing the submission: {e}")}),
         ));
     }
-    let mut job = exec.to_job(&id, gw.config.staging);
+    let mut job = match exec.to_job(&id, gw.config.staging) {
+        Ok(job) => job,
+        Err(e) => return Err(json_response(422, json!({"error": e}))),
+    };
     job.result_ttl_s = Some(gw.config.result_ttl_s);
     match gw.queue.enqueue_idempotent(&job).await {
         Ok(_) => {
@@ -528,7 +595,7 @@ async fn judge0_create(
         verdict: judge0::verdict(&sub, &executed),
         finished_at_ms: Some(forkbox_queue::now_ms()),
     };
-    let body = judge0::render(&token, &sub, &progress, &fields, &gw.catalogue, b64);
+    let body = judge0::render(&token, &sub, &progress, &fields, &gw.catalogue(), b64);
     sandbox_failed(json_response(201, body), &executed)
 }
 
@@ -596,7 +663,7 @@ async fn judge0_lookup(
     let sub: judge0::Submission = serde_json::from_str(&stored)
         .map_err(|e| server(format!("a stored submission is corrupt: {e}")))?;
     let done = |result: &forkbox_queue::JobResult| {
-        let executed = match sub.execution(&gw.catalogue, &gw.config.bounds) {
+        let executed = match sub.execution(&gw.catalogue(), &gw.config.bounds) {
             Ok(exec) => exec::interpret(&exec, gw.config.staging, result),
             Err(_) => Executed::Internal {
                 error: format!("language {} is no longer offered here", sub.language_id),
@@ -649,7 +716,7 @@ async fn judge0_get(
     }
     match judge0_lookup(&gw, &token).await {
         Ok(Some((sub, progress))) => {
-            let body = judge0::render(&token, &sub, &progress, &fields, &gw.catalogue, b64);
+            let body = judge0::render(&token, &sub, &progress, &fields, &gw.catalogue(), b64);
             json_response(200, body)
         }
         Ok(None) => judge0_err(judge0::error(
@@ -699,7 +766,7 @@ async fn judge0_get_batch(
                 &sub,
                 &progress,
                 &fields,
-                &gw.catalogue,
+                &gw.catalogue(),
                 b64,
             )),
             Ok(None) => out.push(Value::Null),
@@ -712,7 +779,7 @@ async fn judge0_get_batch(
 // --- SandboxFusion ------------------------------------------------------------------------
 
 async fn fusion_run_code(State(gw): State<Arc<Gateway>>, body: Bytes) -> Response {
-    let exec = match fusion::parse_run_code(&body, &gw.catalogue, &gw.config.bounds) {
+    let exec = match fusion::parse_run_code(&body, &gw.catalogue(), &gw.config.bounds) {
         Ok(e) => e,
         Err(r) => return json_response(422, r.body),
     };

@@ -38,13 +38,13 @@ pub fn runtimes(catalogue: &Catalogue) -> Value {
             .languages()
             .iter()
             .map(|l| {
-                let mut aliases: Vec<&str> = l.aliases.to_vec();
-                if l.name != l.piston {
-                    aliases.insert(0, l.name);
+                let mut aliases: Vec<&str> = l.runtime.aliases.iter().map(String::as_str).collect();
+                if l.name() != l.piston {
+                    aliases.insert(0, l.name());
                 }
                 let mut entry =
                     json!({"language": l.piston, "version": l.version, "aliases": aliases});
-                if matches!(l.name, "javascript" | "typescript") {
+                if matches!(l.name(), "javascript" | "typescript") {
                     entry["runtime"] = json!("node");
                 }
                 entry
@@ -357,16 +357,18 @@ pub fn respond(exec: &Execution, executed: &Executed, max_chars: usize) -> (u16,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::catalogue::builtin;
+    use crate::gateway::catalogue::all_at;
 
     fn catalogue() -> Catalogue {
         Catalogue::new(
-            builtin()
-                .into_iter()
+            all_at("1.0.0")
+                .languages()
+                .iter()
+                .cloned()
                 .map(|mut l| {
-                    l.version = match l.name {
+                    l.version = match l.name() {
                         "python3" => "3.11.7".into(),
-                        "cpp" => "12.2.0".into(),
+                        "c++" => "12.2.0".into(),
                         _ => "1.0.0".into(),
                     };
                     l
@@ -395,7 +397,7 @@ mod tests {
             "compile_memory_limit": -1, "run_memory_limit": -1
         }))
         .unwrap();
-        assert_eq!(e.language.name, "cpp");
+        assert_eq!(e.language.name(), "c++");
         assert_eq!(e.source_name, "main.cpp");
         assert_eq!(e.args, ["1", "2", "3"]);
         assert_eq!((e.compile.timeout_ms, e.run.timeout_ms), (10_000, 3_000));
