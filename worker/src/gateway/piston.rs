@@ -204,7 +204,7 @@ pub fn parse_execute(
         match v {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Number(n)) => match n.as_f64() {
-                Some(b) if b == -1.0 => Ok(None),
+                Some(-1.0) => Ok(None),
                 Some(b) if b > 0.0 => {
                     let mb = (b / (1024.0 * 1024.0)).ceil() as u64;
                     if mb > bounds.max_memory_mb {
@@ -264,7 +264,7 @@ pub fn parse_execute(
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if s.len() % 2 == 1 {
         return None;
     }
     (0..s.len())
