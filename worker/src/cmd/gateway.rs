@@ -61,7 +61,7 @@ pub struct GatewayOptions {
     pub max_run_timeout_ms: u64,
     /// Most memory a request may ask for, per stage, in MB.
     #[arg(long, value_name = "MB", default_value_t = 4096)]
-    pub max_memory_mb: u64,
+    pub max_stage_memory_mb: u64,
     /// The compile stage's memory when a request sets none, in MB.
     #[arg(long, value_name = "MB", default_value_t = 1024)]
     pub compile_memory_mb: u64,
@@ -107,8 +107,8 @@ impl GatewayOptions {
             bounds: Bounds {
                 max_compile_timeout_ms: self.max_compile_timeout_ms,
                 max_run_timeout_ms: self.max_run_timeout_ms,
-                max_memory_mb: self.max_memory_mb,
-                compile_memory_mb: self.compile_memory_mb.min(self.max_memory_mb),
+                max_memory_mb: self.max_stage_memory_mb,
+                compile_memory_mb: self.compile_memory_mb.min(self.max_stage_memory_mb),
                 piston_output_chars: self.piston_output_chars,
             },
             judge0: Default::default(),
