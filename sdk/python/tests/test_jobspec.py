@@ -39,6 +39,7 @@ SAMPLES: Dict[str, Any] = {
     "runtime": "python",
     "output_mode": "truncate",
     "network": "loopback",
+    "compile": {"argv": ["cc", "-o", "main", "main.c"], "timeout_ms": 20000},
     "id": "job-1",
     "memory_mb": 64,
     "pids": 8,

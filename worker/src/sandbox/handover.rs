@@ -20,7 +20,8 @@ pub(super) type Handed = (
 );
 
 impl Engine {
-    /// Gives a job's descriptors (payload, stdin, stdout, stderr, report) to a sandbox built
+    /// Gives a job's descriptors (payload, stdin, stdout, stderr, report, and a staged job's
+    /// compile-stage report) to a sandbox built
     /// for its `network` and registers for its events. A ready launcher the zygote gave the engine gets them
     /// directly, which saves the spawn a wake-up of the zygote: with cgroups, its init and
     /// launcher are placed in the job's cgroup first (the launcher is idle until it gets the
@@ -31,9 +32,9 @@ impl Engine {
     pub(super) fn hand_over(
         &self,
         network: Network,
-        timeout_ms: u64,
+        (timeout_ms, stage_ms): (u64, Option<u64>),
         limits: &EffectiveLimits,
-        fds: [BorrowedFd<'_>; 5],
+        fds: &[BorrowedFd<'_>],
     ) -> Result<Handed, String> {
         let inner = &self.inner;
         loop {
@@ -64,8 +65,9 @@ impl Engine {
                     req,
                     timeout_ms,
                     network,
+                    stage_ms,
                 };
-                if let Err(e) = wire::send(inner.control.as_fd(), &spawn, &fds) {
+                if let Err(e) = wire::send(inner.control.as_fd(), &spawn, fds) {
                     unregister();
                     return Err(format!("sending the job to the zygote: {e}"));
                 }
@@ -87,6 +89,7 @@ impl Engine {
                 req,
                 sandbox: launcher.sandbox,
                 timeout_ms,
+                stage_ms,
             };
             if let Err(e) = wire::send(inner.control.as_fd(), &started, &[notify_r.as_fd()]) {
                 unregister();

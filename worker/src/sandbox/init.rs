@@ -199,6 +199,8 @@ fn supervise(
         .map(|mb| MemoryBudget::new(mb, Path::new("/proc")));
     let reaped = reap(launcher, budget, memory);
     let (exit_code, signal) = (reaped.exit_code, reaped.signal);
+    // A staged job's program was the launcher's child: its own peak, apart from the compiler's.
+    let run_usage = super::stage::run_usage(&handoff);
     let Some(wire::Received {
         message: handoff,
         fds,
@@ -242,6 +244,13 @@ fn supervise(
         memory_counted_kb: reaped.memory_peak_kb,
         ..Report::default()
     };
+    if let Some(run) = run_usage {
+        // The sandbox-wide figures hold the compile stage too: the program's are its own.
+        out.cpu_us = run.cpu_us;
+        out.max_rss_kb = run.max_rss_kb;
+        out.memory_counted_kb = 0;
+        out.run = Some(run);
+    }
     if !handoff.collect.is_empty() {
         let collected = collect::collect_as_job(
             one,

@@ -53,14 +53,37 @@ pub(super) fn main(ch: Channels, cfg: &ZygoteConfig, hardening: &Hardening) -> !
     if wire::send(ch.sock.as_fd(), &FromInit::Ready, &[]).is_err() {
         sys::exit_now(1);
     }
-    let (job, payload_fd, report) = receive_job(&ch);
+    let (job, payload_fd, report, stage_fd) = receive_job(&ch);
     let payload = job.or_abort(read_payload(payload_fd));
     // The report pipe goes to the init before any of the job's input is touched.
     job.or_abort(hand_report_over(&ch.handoff, report, &payload, cfg));
     let work = Path::new(&cfg.work_dir);
     job.or_abort(write_files(work, &payload).map_err(SetupError::of_job));
     let cwd = job.or_abort(make_cwd(work, &payload));
-    exec_program(&job, &payload, &cwd)
+    if let Some(plan) = &payload.compile {
+        // Fail closed: a stage nobody can hear of must not run, nor the program without it.
+        let Some(stage_fd) = stage_fd else {
+            job.abort(SetupError::new(
+                "compile stage: no report pipe was handed over",
+            ))
+        };
+        // A staged job: the compile stage first, in the working directory; the program runs
+        // only if it succeeded. A first byte on the stage's pipe says it started, so a stage
+        // that kills this process is told from a sandbox that failed before it.
+        let _ = nix::unistd::write(&stage_fd, b"\n");
+        let compiled = job.or_abort(super::stage::compile(
+            plan,
+            &payload.env,
+            &cwd,
+            payload.memory,
+            resolve,
+        ));
+        super::stage::report_compiled(stage_fd, &compiled, plan.limits.output_bytes);
+        if !compiled.succeeded() {
+            job.abort(SetupError::new("the compile stage did not succeed").of_job());
+        }
+    }
+    exec_program(&job, &payload, &cwd, &ch.handoff)
 }
 
 struct JobFds {
@@ -98,18 +121,23 @@ impl Taken<'_> {
 
 /// Waits for the job's descriptors and, with a cgroup handshake, for its release; returns
 /// the job with its payload and report descriptors. Exits when the sandbox is retired.
-fn receive_job(ch: &Channels) -> (Taken<'_>, OwnedFd, OwnedFd) {
+fn receive_job(ch: &Channels) -> (Taken<'_>, OwnedFd, OwnedFd, Option<OwnedFd>) {
     let (wait_for_release, fds) = match wire::recv::<ToInit>(ch.sock.as_fd()) {
         Ok(Some(wire::Received {
             message: ToInit::Run { wait_for_release },
             fds,
             ..
-        })) if fds.len() == 6 => (wait_for_release, fds),
+        })) if fds.len() == 6 || fds.len() == 7 => (wait_for_release, fds),
         // The zygote is shutting down or retired this sandbox.
         _ => sys::exit_now(0),
     };
-    let [payload_fd, stdin, stdout, stderr, report, exec_notify]: [OwnedFd; 6] =
-        fds.try_into().unwrap_or_else(|_| sys::exit_now(1));
+    // A staged job's compile-stage report pipe comes before exec-notify.
+    let mut fds = fds.into_iter();
+    let mut next = || fds.next().unwrap_or_else(|| sys::exit_now(1));
+    let (payload_fd, stdin, stdout, stderr, report) = (next(), next(), next(), next(), next());
+    let mut rest: Vec<OwnedFd> = fds.collect();
+    let exec_notify = rest.pop().unwrap_or_else(|| sys::exit_now(1));
+    let stage_fd = rest.pop();
     let job = Taken {
         fds: JobFds {
             stdin,
@@ -130,7 +158,7 @@ fn receive_job(ch: &Channels) -> (Taken<'_>, OwnedFd, OwnedFd) {
             _ => sys::exit_now(0),
         }
     }
-    (job, payload_fd, report)
+    (job, payload_fd, report, stage_fd)
 }
 
 fn read_payload(payload_fd: OwnedFd) -> Result<Payload, SetupError> {
@@ -152,18 +180,31 @@ fn hand_report_over(
 ) -> Result<(), SetupError> {
     let resize_disk_mb =
         (payload.limits.disk_mb != cfg.defaults.disk_mb).then_some(payload.limits.disk_mb);
+    // The sandbox as a whole holds both stages of a staged job: the larger memory, the CPU
+    // times and wall clocks together (the launcher holds the compile stage to its own).
+    let (memory_mb, cpu_ms, timeout_ms) = match &payload.compile {
+        Some(plan) => (
+            payload.limits.memory_mb.max(plan.limits.memory_mb),
+            payload.limits.cpu_ms.saturating_add(plan.limits.cpu_ms),
+            payload.job.timeout_ms().saturating_add(plan.timeout_ms),
+        ),
+        None => (
+            payload.limits.memory_mb,
+            payload.limits.cpu_ms,
+            payload.job.timeout_ms(),
+        ),
+    };
     let handed = Handoff {
         collect: payload.job.collect.clone(),
         collect_max_bytes: payload.collect_max_bytes,
         resize_disk_mb,
-        ipc_memory_mb: (payload.limits.memory_mb != cfg.defaults.memory_mb)
-            .then_some(payload.limits.memory_mb),
+        ipc_memory_mb: (memory_mb != cfg.defaults.memory_mb).then_some(memory_mb),
         // With a cgroup, the job's CPU time is kept there.
-        cpu_budget_ms: (!cfg.cgroup_handshake).then_some(payload.limits.cpu_ms),
-        timeout_ms: payload.job.timeout_ms(),
+        cpu_budget_ms: (!cfg.cgroup_handshake).then_some(cpu_ms),
+        timeout_ms,
         count_held: payload.memory == limits::MemoryEnforcement::DataRlimit,
         memory_budget_mb: (payload.memory == limits::MemoryEnforcement::DataRlimit)
-            .then_some(payload.limits.memory_mb),
+            .then_some(memory_mb),
     };
     wire::send(handoff.as_fd(), &handed, &[report.as_fd()])
         .map_err(|e| SetupError::errno("hand the report over", e))?;
@@ -219,7 +260,7 @@ fn make_cwd(work: &Path, payload: &Payload) -> Result<PathBuf, SetupError> {
 }
 
 /// The program's side of the fork: the last isolation steps, then exec.
-fn exec_program(job: &Taken<'_>, payload: &Payload, cwd: &Path) -> ! {
+fn exec_program(job: &Taken<'_>, payload: &Payload, cwd: &Path, handoff: &OwnedFd) -> ! {
     let fds = &job.fds;
     let fail = |error: SetupError| -> ! { job.abort(error) };
     let step = |name: &str, r: Result<(), Errno>| {
@@ -280,6 +321,20 @@ fn exec_program(job: &Taken<'_>, payload: &Payload, cwd: &Path) -> ! {
     job.note(&ExecNote::Exec {
         ns: super::mono_ns(),
     });
+    if payload.compile.is_some() {
+        // A staged job's program runs as this process's child, so its usage is its own.
+        let closing = [
+            0,
+            1,
+            2,
+            fds.stdin.as_raw_fd(),
+            fds.stdout.as_raw_fd(),
+            fds.stderr.as_raw_fd(),
+            fds.exec_notify.as_raw_fd(),
+            job.setup_w.as_raw_fd(),
+        ];
+        super::stage::run_child((&payload.argv, &payload.env), resolve, handoff, &closing)
+    }
     if let Some(plan) = &payload.warm {
         // In place of execve: the program runs in this process's warm interpreter.
         super::runtime::python::run(plan, &payload.env)

@@ -49,6 +49,7 @@ pub mod rootfs;
 mod run;
 pub mod runtime;
 pub mod seccomp;
+mod stage;
 mod staging;
 #[allow(unsafe_code)]
 pub mod sys;

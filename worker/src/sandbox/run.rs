@@ -13,8 +13,8 @@ use super::events::Unregister;
 use super::outcome::{self, Observed, Terms};
 use super::output::{self, read_all, OutputChunk};
 use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
-use super::wire::{Payload, ToZygote};
-use super::{collect, limits, mono_ns};
+use super::wire::{CompilePlan, Payload, ToZygote};
+use super::{collect, limits, mono_ns, stage};
 
 /// One of an engine's slots, held while a job runs in it ([`Engine::slot`]).
 #[derive(Debug)]
@@ -127,6 +127,15 @@ impl Engine {
             },
             collect_max_bytes: inner.config.collect_max_bytes,
             warm: None,
+            compile: job.compile.as_ref().map(|stage| CompilePlan {
+                argv: stage.command(),
+                limits: stage.resolve(&limits),
+                timeout_ms: inner
+                    .config
+                    .ceilings
+                    .compile_timeout_ms(job)
+                    .unwrap_or_else(|| stage.timeout_ms()),
+            }),
         };
         let runtime_use = job.runtime.map(|name| {
             let decision = self.warm_plan(job, &payload.argv, &payload.env);
@@ -178,23 +187,49 @@ impl Engine {
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
         let (report_r, report_w) = pipe()?;
+        // A staged job's compile stage is reported on a pipe of its own, read beside the run:
+        // the init's report is lost when the sandbox is killed from outside.
+        let stage_pipe = payload.compile.as_ref().map(|_| pipe()).transpose()?;
 
         let requested_ns = mono_ns();
-        let fds = [
+        let mut fds = vec![
             payload_fd.as_fd(),
             stdin_fd.as_fd(),
             stdout_w.as_fd(),
             stderr_w.as_fd(),
             report_w.as_fd(),
         ];
+        if let Some((_, w)) = &stage_pipe {
+            fds.push(w.as_fd());
+        }
         let network = job.network.unwrap_or(inner.config.network_default);
-        let (req, events, cgroup_job) =
-            self.hand_over(network, inner.config.ceilings.timeout_ms(job), &limits, fds)?;
+        // What the sandbox as a whole may take: both stages' (the launcher holds the compile
+        // stage to its own limits, the program's rlimits to the run stage's).
+        let sandbox = match &payload.compile {
+            Some(plan) => stage::sandbox_limits(&limits, plan),
+            None => limits,
+        };
+        let stage_ms = payload
+            .compile
+            .as_ref()
+            .map(|plan| plan.timeout_ms.saturating_add(stage::WATCHDOG_MARGIN_MS));
+        let timeouts = (inner.config.ceilings.timeout_ms(job), stage_ms);
+        let (req, events, cgroup_job) = self.hand_over(network, timeouts, &sandbox, &fds)?;
+        drop(fds);
         let _unregister = Unregister {
             waiters: &inner.waiters,
             req,
         };
         drop((payload_fd, stdin_fd, stdout_w, stderr_w, report_w));
+        // The stage's report carries its output, encoded (at most 6 bytes a byte, two streams).
+        let stage_output = payload
+            .compile
+            .as_ref()
+            .map_or(0, |plan| plan.limits.output_bytes.saturating_mul(12));
+        let stage_report = stage_pipe.map(|(r, w)| {
+            drop(w);
+            tokio::spawn(read_all(r, stage_output.saturating_add(64 * 1024)))
+        });
         // From here on, a dropped future must not leave the sandbox running.
         let mut kill_guard = KillGuard {
             engine: self,
@@ -220,7 +255,7 @@ impl Engine {
                     report,
                     capture: capture.as_mut(),
                 },
-                &limits,
+                &sandbox,
                 job.output_mode.unwrap_or_default(),
                 cancel,
             )
@@ -235,6 +270,13 @@ impl Engine {
                 .map_err(|e| tracing::warn!("job cgroup left behind: {e}"))
                 .ok()
         });
+        let compiled = match stage_report {
+            Some(task) => stage::read_report(&task.await.unwrap_or_default()),
+            None => None,
+        };
+        // The program's own figures, when its launcher lived to tell them.
+        let run_measured = watched.report.as_ref().is_some_and(|r| r.run.is_some());
+        let watchdog_killed = watched.exit.as_ref().is_some_and(|e| e.timed_out);
         let observed = Observed {
             report: watched.report,
             exit: watched.exit,
@@ -252,7 +294,19 @@ impl Engine {
             runtime: runtime_use,
             output_mode: job.output_mode.unwrap_or_default(),
         };
-        Ok(outcome::fold(observed, terms))
+        let outcome = outcome::fold(observed, terms);
+        Ok(match &payload.compile {
+            Some(plan) => stage::settle(
+                outcome,
+                compiled,
+                plan,
+                stage::Ended {
+                    run_measured,
+                    watchdog_killed,
+                },
+            ),
+            None => outcome,
+        })
     }
 }
 

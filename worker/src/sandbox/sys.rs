@@ -159,20 +159,29 @@ pub struct Usage {
     pub max_rss_kb: u64,
 }
 
+/// `wait4(pid)`, blocking until the child ends (EINTR retried): its raw wait status and usage.
+pub fn wait4_blocking(pid: Pid) -> Result<(i32, Usage), Errno> {
+    loop {
+        match wait4_flags(pid, libc::__WALL) {
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+            Ok(Some(done)) => return Ok(done),
+            Ok(None) => continue,
+        }
+    }
+}
+
 /// `wait4(pid, WNOHANG)`: `None` while the child still runs.
 pub fn wait4_nohang(pid: Pid) -> Result<Option<(i32, Usage)>, Errno> {
+    wait4_flags(pid, libc::WNOHANG | libc::__WALL)
+}
+
+fn wait4_flags(pid: Pid, flags: libc::c_int) -> Result<Option<(i32, Usage)>, Errno> {
     let mut status: libc::c_int = 0;
     // SAFETY: rusage is plain data; zeroed is a valid value.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: valid out-pointers to locals for the duration of the call.
-    let ret = unsafe {
-        libc::wait4(
-            pid.as_raw(),
-            &mut status,
-            libc::WNOHANG | libc::__WALL,
-            &mut ru,
-        )
-    };
+    let ret = unsafe { libc::wait4(pid.as_raw(), &mut status, flags, &mut ru) };
     match ret {
         -1 => Err(Errno::last()),
         0 => Ok(None),

@@ -71,6 +71,10 @@ pub enum ToZygote {
         req: u64,
         timeout_ms: u64,
         network: Network,
+        /// For a staged job: the watchdog's deadline before the program's exec (the compile
+        /// stage's limit and a margin), in case its launcher is stopped or killed.
+        #[serde(default)]
+        stage_ms: Option<u64>,
     },
     /// The engine is handing job `req` to the launcher of `sandbox` itself (see
     /// [`FromZygote::Launcher`]). Carries the read end of the job's exec-notify pipe. Sent
@@ -80,6 +84,8 @@ pub enum ToZygote {
         req: u64,
         sandbox: u64,
         timeout_ms: u64,
+        #[serde(default)]
+        stage_ms: Option<u64>,
     },
     /// Kill a job's sandbox now (output cap, cancellation).
     Kill { req: u64 },
@@ -139,7 +145,8 @@ pub struct Exit {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToInit {
     MapsWritten,
-    /// Carries [payload, stdin, stdout, stderr, report, exec-notify] descriptors.
+    /// Carries [payload, stdin, stdout, stderr, report, exec-notify] descriptors, with a
+    /// staged job's compile-stage report pipe before exec-notify.
     Run {
         wait_for_release: bool,
     },
@@ -375,6 +382,57 @@ pub struct Payload {
     /// Run the program in the sandbox's warm interpreter instead of exec'ing it.
     #[serde(default)]
     pub warm: Option<super::runtime::python::WarmPlan>,
+    /// A compile stage the launcher runs before the program (`stage.rs`).
+    #[serde(default)]
+    pub compile: Option<CompilePlan>,
+}
+
+/// The compile stage of a staged job, as the launcher runs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CompilePlan {
+    pub argv: Vec<String>,
+    /// The stage's limits (the sandbox-wide ones are the job's).
+    pub limits: EffectiveLimits,
+    pub timeout_ms: u64,
+}
+
+/// Why the launcher killed a compile stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageKill {
+    Timeout,
+    Cpu,
+    Memory,
+    Output,
+}
+
+/// How a compile stage ended, as the launcher reports it to the engine (on a pipe of its own:
+/// it must reach the engine even when the sandbox is killed from outside later).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageReport {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub killed: Option<StageKill>,
+    pub duration_ns: i64,
+    /// CPU time and peak RSS of the stage's processes, counted up to a kill.
+    pub cpu_us: u64,
+    pub max_rss_kb: u64,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    #[serde(default)]
+    pub stdout_truncated: bool,
+    #[serde(default)]
+    pub stderr_truncated: bool,
+}
+
+/// Launcher → init, once the run stage of a staged job (the launcher's child) ended: its own
+/// CPU time and peak, apart from the compile stage's.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunUsage {
+    pub cpu_us: u64,
+    pub max_rss_kb: u64,
 }
 
 /// What the init reports to the engine after the program exits.
@@ -411,6 +469,9 @@ pub struct Report {
     /// (anonymous and shared memory and page tables; 0 when no budget was kept).
     #[serde(default)]
     pub memory_counted_kb: u64,
+    /// For a staged job: the run stage's own CPU time and peak, as its launcher saw them.
+    #[serde(default)]
+    pub run: Option<RunUsage>,
 }
 
 /// A message and the descriptors that came with it.

@@ -215,6 +215,8 @@ struct Sandbox {
     launcher: Option<i32>,
     /// What its processes had used when it was killed from outside (see `usage.rs`).
     used_at_kill: Option<sys::Usage>,
+    /// A staged job runs here: its usage at a kill is its program's, not the compiler's.
+    staged: bool,
     /// The network it was built for.
     network: Network,
     /// Its `none` network namespace, handed back to the factory once the sandbox is gone.
@@ -247,6 +249,7 @@ impl Sandbox {
 struct Request {
     req: u64,
     timeout_ms: u64,
+    stage_ms: Option<u64>,
     network: Network,
     fds: Vec<OwnedFd>,
 }
@@ -389,10 +392,12 @@ impl Zygote {
                 req,
                 timeout_ms,
                 network,
+                stage_ms,
             } => {
                 self.pending.push_back(Request {
                     req,
                     timeout_ms,
+                    stage_ms,
                     network,
                     fds: msg.fds,
                 });
@@ -401,7 +406,8 @@ impl Zygote {
                 req,
                 sandbox,
                 timeout_ms,
-            } => self.on_started(req, sandbox, timeout_ms, msg.fds),
+                stage_ms,
+            } => self.on_started(req, sandbox, (timeout_ms, stage_ms), msg.fds),
             ToZygote::Kill { req } => {
                 if let Some(pos) = self.pending.iter().position(|r| r.req == req) {
                     self.pending.remove(pos);
@@ -440,7 +446,13 @@ impl Zygote {
 
     /// The engine handed job `req` to a sandbox it was given: from now on it runs, and the
     /// exec-notify pipe in `fds` arms its watchdog.
-    fn on_started(&mut self, req: u64, sandbox: u64, timeout_ms: u64, fds: Vec<OwnedFd>) {
+    fn on_started(
+        &mut self,
+        req: u64,
+        sandbox: u64,
+        (timeout_ms, stage_ms): (u64, Option<u64>),
+        fds: Vec<OwnedFd>,
+    ) {
         let found = self
             .sandboxes
             .iter()
@@ -457,16 +469,37 @@ impl Zygote {
             });
             return;
         };
-        self.start_running(pid, req, timeout_ms, notify_r);
+        self.start_running(pid, req, (timeout_ms, stage_ms), notify_r);
     }
 
     /// Sandbox `pid` has job `req`: it runs from now on, and its exec-notify pipe arms its
     /// watchdog.
-    fn start_running(&mut self, pid: i32, req: u64, timeout_ms: u64, notify_r: OwnedFd) {
+    fn start_running(
+        &mut self,
+        pid: i32,
+        req: u64,
+        (timeout_ms, stage_ms): (u64, Option<u64>),
+        notify_r: OwnedFd,
+    ) {
         let Some(sb) = self.sandboxes.get_mut(&pid) else {
             return;
         };
+        if let Some(ms) = stage_ms {
+            // A staged job's compile stage runs before the exec: its launcher bounds it, and
+            // this deadline bounds the launcher (the exec re-arms it for the program).
+            match Deadline::arm(mono_ns(), ms) {
+                Ok(deadline) => match self.poll.watch(deadline.as_fd(), Source::Deadline(pid)) {
+                    Ok(()) => sb.deadline = Some(deadline),
+                    Err(e) => sb.fail_closed(SetupError::errno(
+                        "watch the compile stage's deadline (epoll_ctl)",
+                        e,
+                    )),
+                },
+                Err(e) => sb.fail_closed(e),
+            }
+        }
         sb.phase = Phase::Running;
+        sb.staged = stage_ms.is_some();
         sb.req = req;
         sb.timeout_ms = timeout_ms;
         sb.exit.req = req;
@@ -582,7 +615,12 @@ impl Zygote {
             drop(request.fds);
             drop(notify_w);
             let sb_launcher = sb.launcher;
-            self.start_running(pid, request.req, request.timeout_ms, notify_r);
+            self.start_running(
+                pid,
+                request.req,
+                (request.timeout_ms, request.stage_ms),
+                notify_r,
+            );
             if handshake {
                 let _ = wire::send(
                     self.control.as_fd(),
@@ -742,6 +780,7 @@ impl Zygote {
                 setup_error: None,
                 launcher: None,
                 used_at_kill: None,
+                staged: false,
                 network,
                 netns,
             },
@@ -817,6 +856,10 @@ impl Zygote {
             }
         };
         sb.exit.exec_ns = Some(exec_ns);
+        if let Some(stage) = sb.deadline.take() {
+            // The compile stage's deadline gives way to the program's.
+            self.poll.unwatch(stage.as_fd(), Source::Deadline(pid));
+        }
         // Fail closed: a program without a deadline is killed at once, and its outcome says
         // why.
         match Deadline::arm(exec_ns, timeout_ms) {
@@ -891,7 +934,11 @@ impl Zygote {
                 // the init: what they used is in the figures read before the kill.
                 let used = sb.used_at_kill.unwrap_or_default();
                 exit.cpu_us = usage.cpu_us.max(used.cpu_us);
-                exit.max_rss_kb = usage.max_rss_kb.max(used.max_rss_kb);
+                exit.max_rss_kb = match sb.used_at_kill {
+                    // The init's own figures hold the compile stage's peak.
+                    Some(used) if sb.staged => used.max_rss_kb,
+                    _ => usage.max_rss_kb.max(used.max_rss_kb),
+                };
                 if let Some(fd) = sb.exec_notify.take() {
                     // The exit can be seen before the exec notification; every writer is gone
                     // now, so this read cannot block.

@@ -24,6 +24,7 @@ STATUSES = (
     "cancelled",
     "invalid",
     "error",
+    "compile_error",
 )
 
 

@@ -1,0 +1,275 @@
+//! Staged jobs: a compile stage, then the program, in one sandbox, each with its own limits and
+//! figures. C and C++ (and Java where installed): a compile that succeeds and a program that
+//! sees its binary and its stdin, a compile error, a compile stage killed at its timeout (with
+//! its usage counted up to the kill), a program killed at its own timeout after a compile, and
+//! the program's peak apart from the compiler's.
+
+mod limits_support;
+mod sandbox_support;
+
+use forkbox::sandbox::{Engine, EngineConfig};
+use forkbox_queue::schema::{
+    CompileStage, FileData, Job, Outcome, StageLimits, StageStatus, Status,
+};
+use limits_support::{installed, runtimes_required};
+
+const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
+
+const C_SUM: &str = "#include <stdio.h>\nint main(void){long a,b;if(scanf(\"%ld %ld\",&a,&b)!=2)return 3;printf(\"%ld\\n\",a+b);return 0;}\n";
+const CPP_SUM: &str =
+    "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<std::endl;}\n";
+
+fn engine() -> Engine {
+    Engine::start(EngineConfig {
+        zygote_exe: BIN.into(),
+        slots: 2,
+        ..EngineConfig::default()
+    })
+    .expect("engine")
+}
+
+/// Whether `programs` are installed; SKIPPED (or a failure where runtimes are required) if not.
+fn have(what: &str, programs: &[&str]) -> bool {
+    match programs.iter().find(|p| !installed(p)) {
+        None => true,
+        Some(p) => {
+            assert!(!runtimes_required(), "{what}: {p} is required but missing");
+            forkbox_queue::skip::skipped(format!("{what}: {p} not installed"));
+            false
+        }
+    }
+}
+
+fn staged(file: &str, source: &str, compile: &[&str], run: &[&str], stdin: &str) -> Job {
+    Job {
+        files: [(file.to_owned(), FileData::Text(source.into()))].into(),
+        stdin: Some(FileData::Text(stdin.into())),
+        timeout_ms: Some(10_000),
+        compile: Some(CompileStage {
+            timeout_ms: Some(60_000),
+            limits: StageLimits {
+                memory_mb: Some(1024),
+                pids: Some(256),
+                ..StageLimits::default()
+            },
+            ..CompileStage::argv(compile.iter().copied())
+        }),
+        ..Job::argv(run.iter().copied())
+    }
+}
+
+fn ok_and_compiled(o: &Outcome) -> &forkbox_queue::StageOutcome {
+    let stage = o
+        .compile
+        .as_ref()
+        .unwrap_or_else(|| panic!("no compile: {o:?}"));
+    assert_eq!(stage.status, StageStatus::Ok, "{o:?}");
+    assert_eq!(stage.exit_code, 0);
+    assert!(stage.cpu_ms > 0 && stage.max_rss_kb > 0, "{stage:?}");
+    stage
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_and_cpp_compile_then_run_with_stdin() {
+    let e = engine();
+    if have("C", &["gcc"]) {
+        let job = staged(
+            "main.c",
+            C_SUM,
+            &["gcc", "-O2", "-o", "main", "main.c"],
+            &["./main"],
+            "2 40\n",
+        );
+        let o = e.run(&job).await;
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        assert_eq!(o.stdout, "42\n");
+        let stage = ok_and_compiled(&o);
+        eprintln!(
+            "C: compile {:.1} ms, {} ms CPU, {} KiB; run {:.1} ms, {} ms CPU, {} KiB",
+            stage.duration_ms,
+            stage.cpu_ms,
+            stage.max_rss_kb,
+            o.duration_ms,
+            o.cpu_ms,
+            o.max_rss_kb
+        );
+        // The program's peak is its own, not the compiler's.
+        assert!(
+            o.max_rss_kb < stage.max_rss_kb,
+            "run {} vs compile {}",
+            o.max_rss_kb,
+            stage.max_rss_kb
+        );
+    }
+    if have("C++", &["g++"]) {
+        let job = staged(
+            "main.cpp",
+            CPP_SUM,
+            &["g++", "-O2", "-o", "main", "main.cpp"],
+            &["./main"],
+            "20 22",
+        );
+        let o = e.run(&job).await;
+        assert_eq!(o.status, Status::Ok, "{o:?}");
+        assert_eq!(o.stdout, "42\n");
+        ok_and_compiled(&o);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_error_is_reported_and_nothing_runs() {
+    if !have("compile error", &["gcc"]) {
+        return;
+    }
+    let e = engine();
+    let job = staged(
+        "main.c",
+        "int main(void) { return undeclared; }\n",
+        &["gcc", "-o", "main", "main.c"],
+        &["/bin/sh", "-c", "echo ran"],
+        "",
+    );
+    let o = e.run(&job).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    assert!(o.stdout.is_empty() && o.stderr.is_empty(), "{o:?}");
+    assert_eq!(o.cpu_ms, 0);
+    let stage = o.compile.as_ref().unwrap();
+    assert_eq!(stage.status, StageStatus::Failed);
+    assert_ne!(stage.exit_code, 0);
+    assert_eq!(o.exit_code, stage.exit_code);
+    assert!(stage.stderr.contains("undeclared"), "{stage:?}");
+    assert!(o.error.is_none(), "{o:?}");
+    // A stage that is not found is a failed stage too (127, as a shell says).
+    let missing = Job {
+        compile: Some(CompileStage::argv(["no-such-compiler-xyz", "main.c"])),
+        ..job
+    };
+    let o = e.run(&missing).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    let stage = o.compile.unwrap();
+    assert_eq!(stage.exit_code, 127);
+    assert!(stage.stderr.contains("command not found"), "{stage:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_stage_is_killed_at_its_timeout_with_its_usage_counted() {
+    let e = engine();
+    // A busy stage (and a child of it) past its own timeout; the program's timeout is longer.
+    let job = Job {
+        timeout_ms: Some(30_000),
+        compile: Some(CompileStage {
+            timeout_ms: Some(700),
+            ..CompileStage::shell("(while :; do :; done) & while :; do :; done")
+        }),
+        ..Job::shell("echo ran")
+    };
+    let o = e.run(&job).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    assert_eq!(o.exit_code, 124);
+    let stage = o.compile.as_ref().unwrap();
+    assert_eq!(stage.status, StageStatus::Timeout, "{o:?}");
+    assert!(stage.timed_out);
+    assert!(stage.cpu_ms > 100, "usage up to the kill: {stage:?}");
+    assert!(stage.max_rss_kb > 0, "{stage:?}");
+    assert!(o.stdout.is_empty());
+    // Its output cap kills it too.
+    let chatty = Job {
+        compile: Some(CompileStage {
+            limits: StageLimits {
+                output_bytes: Some(1000),
+                ..StageLimits::default()
+            },
+            ..CompileStage::shell("yes compiling")
+        }),
+        ..Job::shell("echo ran")
+    };
+    let o = e.run(&chatty).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    let stage = o.compile.unwrap();
+    assert_eq!(stage.status, StageStatus::OutputLimit);
+    assert!(
+        stage.stdout_truncated && stage.stdout.len() == 1000,
+        "{}",
+        stage.stdout.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_program_has_its_own_timeout_after_a_compile() {
+    let e = engine();
+    let job = Job {
+        timeout_ms: Some(500),
+        compile: Some(CompileStage {
+            timeout_ms: Some(20_000),
+            ..CompileStage::shell(
+                "printf '#!/bin/sh\\nsleep 30\\n' > prog && chmod +x prog && echo built",
+            )
+        }),
+        ..Job::argv(["./prog"])
+    };
+    let o = e.run(&job).await;
+    assert_eq!(o.status, Status::Timeout, "{o:?}");
+    assert_eq!(o.exit_code, 124);
+    let stage = o
+        .compile
+        .as_ref()
+        .expect("the compile stage survives the program's kill");
+    assert_eq!(stage.status, StageStatus::Ok);
+    assert_eq!(stage.stdout, "built\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn java_compiles_then_runs() {
+    if !have("Java", &["javac", "java"]) {
+        return;
+    }
+    let e = engine();
+    let source = "import java.util.Scanner;\npublic class Solution { public static void main(String[] a) { Scanner s = new Scanner(System.in); System.out.println(s.nextLong() + s.nextLong()); } }\n";
+    let mut job = staged(
+        "Solution.java",
+        source,
+        &["javac", "Solution.java"],
+        &["java", "Solution"],
+        "40 2\n",
+    );
+    job.timeout_ms = Some(30_000);
+    let o = e.run(&job).await;
+    assert_eq!(o.status, Status::Ok, "{o:?}");
+    assert_eq!(o.stdout, "42\n");
+    ok_and_compiled(&o);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_that_stops_or_kills_its_launcher_still_ends() {
+    let e = engine();
+    // Stopped, the launcher cannot end the stage: the watchdog ends the sandbox instead.
+    let stopped = Job {
+        compile: Some(CompileStage {
+            timeout_ms: Some(300),
+            ..CompileStage::shell("kill -STOP $PPID; sleep 60")
+        }),
+        ..Job::shell("echo ran")
+    };
+    let o = e.run(&stopped).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    assert_eq!(
+        o.compile.as_ref().unwrap().status,
+        StageStatus::Timeout,
+        "{o:?}"
+    );
+    assert!(o.stdout.is_empty());
+    // Killed, the launcher takes the job with it: a stage killed by its own doing, not a
+    // sandbox fault to retry.
+    let killed = Job {
+        compile: Some(CompileStage::shell("kill -KILL $PPID; sleep 60")),
+        ..Job::shell("echo ran")
+    };
+    let o = e.run(&killed).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    assert_eq!(
+        o.compile.as_ref().unwrap().status,
+        StageStatus::Signaled,
+        "{o:?}"
+    );
+    assert!(o.stdout.is_empty());
+}
