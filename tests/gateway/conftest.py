@@ -157,7 +157,17 @@ def gateway(tmp_root: Path) -> Iterator[str]:
     base = fleet.start_gateway()
     gw = fleet.procs[0]
     end = time.monotonic() + 60
-    # Ready when a program has run through it end to end.
+    # Ready when the worker's runtimes are offered and a program has run through it end to end.
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/api/v2/runtimes", timeout=10) as r:
+                if '"python"' in r.read().decode():
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > end or not gw.alive():
+            gw.fail("offered no python runtime within 60 s")
+        time.sleep(0.2)
     body = b'{"code": "print(7*6)", "language": "python"}'
     while True:
         if not worker.alive():

@@ -75,7 +75,7 @@ pub struct GatewayOptions {
     /// How compiled languages reach the workers: `native` (the job's compile stage, each stage
     /// with its own limits and usage) or `shell` (one script, for workers older than the
     /// compile stage, which refuse it; the stages then share the job's limits and usage).
-    #[arg(long, value_name = "MODE", default_value = "shell")]
+    #[arg(long, value_name = "MODE", default_value = "native")]
     pub staging: Staging,
     /// A runtime catalogue file over the built-in one, as the workers' `--runtimes` (its
     /// entries replace the built-in ones of the same name): how each language is compiled
@@ -158,9 +158,8 @@ pub async fn prepare(
     let offered = gw.refresh().await?;
     if offered == 0 {
         tracing::warn!(
-            "no language is offered yet: no worker of queue {queue} published its runtimes and \
-             none answers on this host; what workers publish is read every {} s",
-            REFRESH.as_secs()
+            "no language is offered yet: no live worker serves queue {queue}; what workers \
+             publish is read every second until one does"
         );
     }
     gw.keep_fresh(REFRESH);

@@ -141,8 +141,8 @@ impl Gateway {
     }
 
     /// Reads what the queue's live workers published (language, version) and offers that;
-    /// when none published anything (workers older than the catalogue), what answers on this
-    /// host. Returns how many languages are offered.
+    /// when live workers published nothing (they are older than the catalogue), what answers
+    /// on this host. Returns how many languages are offered.
     pub async fn refresh(&self) -> Result<usize, forkbox_queue::QueueError> {
         let mut available = Vec::new();
         for part in self.queue.partitions() {
@@ -153,7 +153,10 @@ impl Gateway {
                 }
             }
         }
-        if available.is_empty() {
+        // Live workers that publish nothing predate the catalogue: offer what answers here.
+        // With no live worker at all, nothing is offered until one publishes (a guess from
+        // this host could name versions the workers' sandboxes do not have).
+        if available.is_empty() && self.queue.live_workers().await? > 0 {
             available = match self.here.get() {
                 Some(here) => here.clone(),
                 None => {
@@ -176,9 +179,16 @@ impl Gateway {
     pub fn keep_fresh(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let gw = Arc::downgrade(self);
         tokio::spawn(async move {
+            let mut wait = every;
             loop {
-                tokio::time::sleep(every).await;
+                tokio::time::sleep(wait).await;
                 let Some(gw) = gw.upgrade() else { return };
+                // Offering nothing yet: look again soon.
+                wait = if gw.catalogue().languages().is_empty() {
+                    Duration::from_secs(1)
+                } else {
+                    every
+                };
                 if let Err(e) = gw.refresh().await {
                     tracing::warn!("reading what the fleet runs: {e}");
                 }
