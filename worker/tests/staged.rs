@@ -273,3 +273,82 @@ async fn a_stage_that_stops_or_kills_its_launcher_still_ends() {
     );
     assert!(o.stdout.is_empty());
 }
+
+/// A program per language of the built-in catalogue: prints the sum of two numbers on stdin.
+const SUMS: &[(&str, &str)] = &[
+    ("python3", "a, b = map(int, input().split())\nprint(a + b)\n"),
+    (
+        "javascript",
+        "const [a, b] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(a + b);\n",
+    ),
+    (
+        "typescript",
+        "declare var require: any;\nconst nums: number[] = require('fs').readFileSync(0, 'utf8').trim().split(/\\s+/).map(Number);\nconsole.log(nums[0] + nums[1]);\n",
+    ),
+    ("c", C_SUM),
+    ("c++", CPP_SUM),
+    (
+        "java",
+        "import java.util.Scanner;\npublic class Sum { public static void main(String[] a) { Scanner s = new Scanner(System.in); System.out.println(s.nextLong() + s.nextLong()); } }\n",
+    ),
+    (
+        "go",
+        "package main\nimport \"fmt\"\nfunc main() { var a, b int; fmt.Scan(&a, &b); fmt.Println(a + b) }\n",
+    ),
+    (
+        "rust",
+        "use std::io::Read;\nfn main() { let mut s = String::new(); std::io::stdin().read_to_string(&mut s).unwrap(); let n: Vec<i64> = s.split_whitespace().map(|x| x.parse().unwrap()).collect(); println!(\"{}\", n[0] + n[1]); }\n",
+    ),
+    ("ruby", "a, b = gets.split.map(&:to_i)\nputs a + b\n"),
+    ("perl", "my ($a, $b) = split ' ', <STDIN>;\nprint $a + $b, \"\\n\";\n"),
+    ("bash", "read a b\necho $((a + b))\n"),
+    (
+        "erlang",
+        "#!/usr/bin/env escript\nmain(_) -> {ok, [A, B]} = io:fread(\"\", \"~d ~d\"), io:format(\"~p~n\", [A + B]).\n",
+    ),
+    ("lua", "local a, b = io.read(\"n\", \"n\")\nprint(a + b)\n"),
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_language_the_node_offers_compiles_and_runs_from_the_catalogue() {
+    use forkbox::runtimes::{probe, Catalogue, SourceFile};
+    let e = engine();
+    let catalogue = Catalogue::builtin();
+    let offered = probe::probe(&e, &catalogue, probe::PROBE_TIMEOUT).await;
+    for lang in catalogue.languages() {
+        if !offered.iter().any(|a| a.language == lang.name) {
+            forkbox_queue::skip::skipped(format!(
+                "catalogue run of {}: not on this node",
+                lang.name
+            ));
+            continue;
+        }
+        let (_, source) = SUMS
+            .iter()
+            .find(|(name, _)| *name == lang.name)
+            .unwrap_or_else(|| panic!("no program for {}", lang.name));
+        let mut job = lang
+            .expand(
+                &[SourceFile {
+                    name: None,
+                    content: FileData::Text((*source).into()),
+                }],
+                &[],
+            )
+            .unwrap();
+        job.stdin = Some(FileData::Text("40 2\n".into()));
+        job.timeout_ms = Some(30_000);
+        if let Some(stage) = job.compile.as_mut() {
+            stage.timeout_ms = Some(120_000);
+            stage.limits = StageLimits {
+                memory_mb: Some(2048),
+                pids: Some(512),
+                ..StageLimits::default()
+            };
+        }
+        let o = e.run(&job).await;
+        assert_eq!(o.status, Status::Ok, "{}: {o:?}", lang.name);
+        assert_eq!(o.stdout, "42\n", "{}: {o:?}", lang.name);
+        assert_eq!(o.compile.is_some(), lang.compile.is_some(), "{}", lang.name);
+    }
+}

@@ -492,6 +492,41 @@ mod tests {
     }
 
     #[test]
+    fn a_runtime_catalogue_file_is_a_key_and_a_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalogue = dir.path().join("rt.toml");
+        std::fs::write(
+            &catalogue,
+            "[[language]]\nname = \"zig\"\nsource_file = \"main.zig\"\n\
+             run = [\"zig\", \"run\", \"{source}\"]\nversion = [\"zig\", \"version\"]\n",
+        )
+        .unwrap();
+        let (_cfg, path) = config_file(&format!("runtimes = {:?}\n", catalogue.to_str().unwrap()));
+        let c = worker_args(&["--config", &path])
+            .with_file()
+            .unwrap()
+            .node_config()
+            .unwrap();
+        assert_eq!(c.runtimes.find("zig").unwrap().run[0], "zig");
+        assert!(
+            c.runtimes.find("python3").is_some(),
+            "over the built-in one"
+        );
+        let c = worker_args(&[]).node_config().unwrap();
+        assert!(c.runtimes.find("zig").is_none());
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[[language]]\nname = 1\n").unwrap();
+        let e = worker_args(&["--runtimes", bad.to_str().unwrap()])
+            .node_config()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("runtime catalogue ") && e.contains("bad.toml"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn every_file_key_reaches_the_node_config() {
         let (_dir, path) = config_file(
             "redis = \"redis://f:2/\"\nqueues = \"a, b\"\nslots = 5\nprefetch = 1\n\

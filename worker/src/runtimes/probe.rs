@@ -13,22 +13,16 @@ use crate::sandbox::Engine;
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What a node can run: every language of `catalogue` whose version command exits 0 within
-/// `timeout` and prints a version, in catalogue order. The probes run side by side, within the
-/// engine's slots.
+/// `timeout` and prints a version, in catalogue order. The probes run one at a time beside the
+/// engine's slots, so a node serves its jobs at full width while it probes.
 pub async fn probe(engine: &Engine, catalogue: &Catalogue, timeout: Duration) -> Vec<Available> {
-    let mut set = tokio::task::JoinSet::new();
-    for (index, lang) in catalogue.languages().iter().enumerate() {
-        let (engine, lang) = (engine.clone(), lang.clone());
-        set.spawn(async move { (index, probe_one(&engine, &lang, timeout).await) });
-    }
     let mut found = Vec::new();
-    while let Some(joined) = set.join_next().await {
-        if let Ok((index, Some(available))) = joined {
-            found.push((index, available));
+    for lang in catalogue.languages() {
+        if let Some(available) = probe_one(engine, lang, timeout).await {
+            found.push(available);
         }
     }
-    found.sort();
-    found.into_iter().map(|(_, a)| a).collect()
+    found
 }
 
 async fn probe_one(engine: &Engine, lang: &Language, timeout: Duration) -> Option<Available> {
@@ -36,7 +30,7 @@ async fn probe_one(engine: &Engine, lang: &Language, timeout: Duration) -> Optio
         timeout_ms: Some(timeout.as_millis().max(1) as u64),
         ..Job::argv(lang.version.clone())
     };
-    let outcome = engine.run(&job).await;
+    let outcome = engine.run_beside_slots(&job).await;
     if outcome.status != Status::Ok {
         tracing::debug!(
             language = lang.name,

@@ -205,10 +205,7 @@ fn java_takes_its_file_name_from_the_public_class() {
             &[],
         )
         .unwrap();
-    assert_eq!(
-        job.argv.as_deref().unwrap(),
-        ["java", "-Xss64m", "Solution"]
-    );
+    assert_eq!(job.argv.as_deref().unwrap(), ["java", "Solution"]);
     assert_eq!(
         job.compile.unwrap().command(),
         ["javac", "-encoding", "UTF-8", "Solution.java"]

@@ -50,6 +50,13 @@ impl Engine {
         self.run_in(slot, job, cancel, output).await
     }
 
+    /// Runs one job without taking a slot, for the node's own short work beside its jobs (its
+    /// runtime probes, one at a time): the jobs' slots stay theirs. Never for a job of a queue.
+    pub async fn run_beside_slots(&self, job: &Job) -> Outcome {
+        self.execute_checked(job, std::future::pending(), None)
+            .await
+    }
+
     /// Waits for one of the engine's `slots` (first come, first served): the only count of
     /// running jobs. A caller that orders jobs itself (the node's dispatcher) takes the slot
     /// first, so a job that waits for one has not reached the engine, then runs in it.
