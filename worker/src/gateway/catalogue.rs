@@ -3,16 +3,11 @@
 //! names the three foreign APIs know it by (Piston's name, SandboxFusion's, Judge0 CE's ids).
 //!
 //! How a language is compiled and run is the runtime catalogue's alone
-//! ([`crate::runtimes::Language::expand`]); this module only adds the foreign names. A fleet
-//! whose workers publish nothing (they predate the catalogue) is served with what answers on
-//! the gateway's own host ([`probe_here`]).
-
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+//! ([`crate::runtimes::Language::expand`]); this module only adds the foreign names.
 
 use forkbox_queue::schema::FileData;
 
-use crate::runtimes::{self, compare_versions, parse_version, Available, SourceFile};
+use crate::runtimes::{self, compare_versions, Available, SourceFile};
 
 /// How the foreign APIs name one catalogue language.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,50 +172,6 @@ impl Catalogue {
             .flat_map(|l| l.judge0_ids.iter().map(move |&id| (id, l)))
             .collect()
     }
-}
-
-/// What each language of `catalogue` reports as its version on this host (its version
-/// command, run directly with a 10 s limit): for a fleet whose workers publish nothing.
-pub fn probe_here(catalogue: &runtimes::Catalogue) -> Vec<Available> {
-    catalogue
-        .languages()
-        .iter()
-        .filter_map(|l| {
-            Some(Available {
-                language: l.name.clone(),
-                version: probe_version(&l.version)?,
-            })
-        })
-        .collect()
-}
-
-fn probe_version(cmd: &[String]) -> Option<String> {
-    let (program, args) = cmd.split_first()?;
-    let mut child = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .ok()?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return None;
-            }
-        }
-    }
-    let out = child.wait_with_output().ok()?;
-    if !out.status.success() {
-        return None;
-    }
-    parse_version(&String::from_utf8_lossy(&out.stdout))
-        .or_else(|| parse_version(&String::from_utf8_lossy(&out.stderr)))
 }
 
 /// Every built-in language at version `version`: the catalogue the translation tests use.

@@ -23,7 +23,7 @@ pub mod piston;
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -105,8 +105,6 @@ pub struct Gateway {
     runtimes: runtimes::Catalogue,
     /// What the fleet offers now ([`Gateway::refresh`]).
     offered: RwLock<Arc<Catalogue>>,
-    /// What answers on this host, probed once, for a fleet that publishes nothing.
-    here: OnceLock<Vec<Available>>,
     config: GatewayConfig,
     metrics: Metrics,
     in_flight: Mutex<HashMap<IpAddr, usize>>,
@@ -125,7 +123,6 @@ impl Gateway {
             broker,
             runtimes,
             offered: RwLock::new(Arc::new(Catalogue::default())),
-            here: OnceLock::new(),
             config,
             metrics: Metrics::new(&ENDPOINTS),
             in_flight: Mutex::new(HashMap::new()),
@@ -140,9 +137,9 @@ impl Gateway {
             .clone()
     }
 
-    /// Reads what the queue's live workers published (language, version) and offers that;
-    /// when live workers published nothing (they are older than the catalogue), what answers
-    /// on this host. Returns how many languages are offered.
+    /// Reads what the queue's live workers published (language, version) and offers that
+    /// (nothing while none has: a guess from the gateway's own host would name versions the
+    /// workers' sandboxes may not have). Returns how many languages are offered.
     pub async fn refresh(&self) -> Result<usize, forkbox_queue::QueueError> {
         let mut available = Vec::new();
         for part in self.queue.partitions() {
@@ -152,22 +149,6 @@ impl Gateway {
                     Err(e) => tracing::warn!("worker {worker} published unreadable runtimes: {e}"),
                 }
             }
-        }
-        // Live workers that publish nothing predate the catalogue: offer what answers here.
-        // With no live worker at all, nothing is offered until one publishes (a guess from
-        // this host could name versions the workers' sandboxes do not have).
-        if available.is_empty() && self.queue.live_workers().await? > 0 {
-            available = match self.here.get() {
-                Some(here) => here.clone(),
-                None => {
-                    let catalogue = self.runtimes.clone();
-                    let here =
-                        tokio::task::spawn_blocking(move || catalogue::probe_here(&catalogue))
-                            .await
-                            .unwrap_or_default();
-                    self.here.get_or_init(|| here).clone()
-                }
-            };
         }
         let offered = Catalogue::offered(&self.runtimes, &available);
         let n = offered.languages().len();
