@@ -1,8 +1,9 @@
 # Forkbox: build, demo, test and benchmark entry points.
 #
 #   make demo    a local node with its own Redis runs sample jobs and prints their results
-#   make test    everything CI checks: formatting, lints, Rust, Python and deployment tests,
-#                and the VM tier (cgroup v2 limits on a real kernel under qemu)
+#   make test    everything CI checks: formatting, lints, Rust, Python and deployment tests
+#                (the gateway's suite drives the judge0, sandbox-fusion and piston-client
+#                libraries), and the VM tier (cgroup v2 limits on a real kernel under qemu)
 #   make test-vm the VM tier alone
 #   make bench   the side-by-side benchmark report (docs/benchmarks.md)
 
@@ -26,6 +27,12 @@ WARM_PACKAGES := python3-numpy
 VM_PACKAGES := qemu-system-x86 linux-image-amd64 busybox-static
 VM_VENV ?= .venv-vm
 VIRTME_NG_VERSION ?= 1.42
+# The HTTP clients the gateway's suite drives unchanged (tests/gateway); where one cannot be
+# installed, its reason goes to $(GATEWAY_CLIENTS)/<name>.missing and its tests skip with it.
+GATEWAY_CLIENTS := target/gateway-clients
+JUDGE0_CLIENT_VERSION ?= 0.0.8
+SANDBOX_FUSION_VERSION ?= 0.3.7
+PISTON_CLIENT_VERSION ?= 1.0.2
 
 # Installs the Debian packages named in $(1) that are missing when root; otherwise prints the
 # exact command and fails.
@@ -44,7 +51,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: all deps deps-vm build release demo test test-logs test-rust test-python test-deploy test-vm lint bench clean
+.PHONY: all deps deps-vm build release demo gateway-clients test test-logs test-rust test-python test-deploy test-vm lint bench clean
 
 all: build
 
@@ -77,6 +84,25 @@ $(PY_VENV)/.forkbox-sdk: sdk/python/pyproject.toml
 	$(PY) -m pip install -q -e 'sdk/python[test,progress]'
 	touch $@
 
+# The judge0 and sandbox-fusion Python clients (into the test venv) and npm's piston-client.
+gateway-clients: $(PY_VENV)/.forkbox-sdk
+	@mkdir -p $(GATEWAY_CLIENTS)
+	@rm -f $(GATEWAY_CLIENTS)/*.missing
+	@for spec in judge0==$(JUDGE0_CLIENT_VERSION) sandbox-fusion==$(SANDBOX_FUSION_VERSION); do \
+	  name=$${spec%%==*}; \
+	  $(PY) -m pip install -q "$$spec" >$(GATEWAY_CLIENTS)/$$name.log 2>&1 || \
+	    { echo "pip install $$spec failed: $$(tail -n 3 $(GATEWAY_CLIENTS)/$$name.log | tr '\n' ' ')" >$(GATEWAY_CLIENTS)/$$name.missing; \
+	      echo "gateway-clients: $$spec not installed (its tests will skip)"; }; \
+	done
+	@if ! command -v npm >/dev/null && command -v node >/dev/null; then ($(call apt_install,npm)) || true; fi
+	@if ! command -v npm >/dev/null; then \
+	  echo "npm is not installed (apt-get install npm), so piston-client could not be" >$(GATEWAY_CLIENTS)/piston-client.missing; \
+	elif [ ! -f $(GATEWAY_CLIENTS)/node_modules/piston-client/index.js ]; then \
+	  npm install --prefix $(GATEWAY_CLIENTS) --no-audit --no-fund piston-client@$(PISTON_CLIENT_VERSION) >$(GATEWAY_CLIENTS)/piston-client.log 2>&1 || \
+	    { echo "npm install piston-client@$(PISTON_CLIENT_VERSION) failed: $$(tail -n 3 $(GATEWAY_CLIENTS)/piston-client.log | tr '\n' ' ')" >$(GATEWAY_CLIENTS)/piston-client.missing; \
+	      echo "gateway-clients: piston-client not installed (its tests will skip)"; }; \
+	fi
+
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -94,12 +120,14 @@ test-rust: deps $(PY_VENV)/.forkbox-sdk
 	  $(CARGO) test -p forkbox \
 	  --test sandbox --test sandbox_kernel_state --test warm_python -- --test-threads=2 2>&1 | tee $(TEST_LOGS)/rust-loopback.log
 
-test-python: deps $(PY_VENV)/.forkbox-sdk
+test-python: deps $(PY_VENV)/.forkbox-sdk gateway-clients
 	$(CARGO) build -p forkbox
 	$(CARGO) build -p forkbox-queue --example noop_worker
 	@mkdir -p $(TEST_LOGS)
 	set -o pipefail; $(PY) -m pytest -q -rs sdk/python/tests 2>&1 | tee $(TEST_LOGS)/python-sdk.log
 	set -o pipefail; $(PY) -m pytest -q -rs bench/tests 2>&1 | tee $(TEST_LOGS)/python-bench.log
+	set -o pipefail; FORKBOX_BIN=$(abspath target/debug/forkbox) FORKBOX_GATEWAY_CLIENTS=$(abspath $(GATEWAY_CLIENTS)) \
+	  $(PY) -m pytest -q -rs tests/gateway 2>&1 | tee $(TEST_LOGS)/python-gateway.log
 
 test-deploy: deps
 	$(CARGO) build -p forkbox

@@ -52,6 +52,13 @@ pub struct Args {
     /// Queue name.
     #[arg(long, default_value = "loadgen")]
     pub queue: String,
+    /// Measure `forkbox gateway` at this URL (serving --queue on --redis) against enqueueing
+    /// straight on Redis: --jobs requests per arm at --concurrency, alternating, in one run.
+    #[arg(long, value_name = "URL", requires = "redis")]
+    pub gateway: Option<String>,
+    /// The gateway's pid, to report its CPU time per request.
+    #[arg(long, value_name = "PID", requires = "gateway")]
+    pub gateway_pid: Option<u32>,
     /// Partitions of the queue (docs/protocol.md "Partitioned queues"): jobs spread by id,
     /// spawned workers get the same --partitions. Must match the queue's recorded count.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = at_least_one)]

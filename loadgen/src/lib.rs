@@ -6,13 +6,15 @@
 //! by status, and lost and duplicated jobs ([`report`], [`plot`]). It can start the cluster it
 //! measures: worker nodes ([`cluster`]), optionally in network namespaces standing in for
 //! separate hosts ([`netns`]), and its own Redis (`forkbox_private_redis::RedisServer`), and it can
-//! kill a worker or Redis part-way through to check that no job is lost.
+//! kill a worker or Redis part-way through to check that no job is lost. With `--gateway URL`
+//! it measures the HTTP gateway's cost per request against a direct client ([`gateway`]).
 
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod cluster;
 pub mod driver;
+pub mod gateway;
 pub mod humaneval;
 pub mod mix;
 pub mod netns;

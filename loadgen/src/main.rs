@@ -23,6 +23,26 @@ async fn main() -> ExitCode {
     if args.cleanup {
         return cleanup();
     }
+    if let Some(url) = args.gateway.clone() {
+        let c = forkbox_loadgen::gateway::Compare {
+            url,
+            pid: args.gateway_pid,
+            redis: args.redis.clone().unwrap_or_default(),
+            queue: args.queue.clone(),
+            jobs: args.jobs.unwrap_or(2000) as usize,
+            concurrency: args.concurrency.unwrap_or(2),
+        };
+        return match forkbox_loadgen::gateway::compare(&c).await {
+            Ok(r) => {
+                print!("{}", r.table());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("forkbox-loadgen: {e:#}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let (cancel_tx, cancel_rx) = watch::channel(false);
     let (abort_tx, mut abort_rx) = watch::channel(false);
     tokio::spawn(async move {

@@ -145,6 +145,39 @@ def cross_check(res: dict) -> None:
     check(pr["spec"] == rules, "prometheusrule.yaml groups differ from deploy/prometheus/forkbox-alerts.yml")
 
 
+def check_gateway(res: dict) -> None:
+    """The gateway: restricted pod security, probes and Service on its port, the workers' queue."""
+    cm = res[("ConfigMap", "forkbox-worker")]["data"]
+    dep = res[("Deployment", "forkbox-gateway")]
+    svc = res[("Service", "forkbox-gateway")]
+    pod = dep["spec"]["template"]
+    (ctr,) = pod["spec"]["containers"]
+    sc = ctr["securityContext"]
+    check(dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items(),
+          "gateway Deployment selector does not match its pod labels")
+    check(svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items(),
+          "gateway Service selector does not match the gateway pods")
+    check(pod["spec"]["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault",
+          "the gateway runs no sandbox: it keeps the runtime's seccomp profile")
+    check(sc.get("readOnlyRootFilesystem") is True and sc["capabilities"]["drop"] == ["ALL"]
+          and sc.get("allowPrivilegeEscalation") is False, "gateway container must be restricted")
+    check("hostUsers" not in pod["spec"] and "procMount" not in sc, "the gateway needs no user namespace tricks")
+    args = ctr["args"]
+    check(args[0] == "gateway" and "--listen" in args, "gateway args must start `gateway --listen ADDR`")
+    port = int(args[args.index("--listen") + 1].rsplit(":", 1)[1])
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    check(ports.get("http") == port, f"container port 'http' != --listen port {port}")
+    check(svc["spec"]["ports"][0]["targetPort"] == "http", "gateway Service must target port 'http'")
+    for probe in ("readinessProbe", "livenessProbe"):
+        http = ctr[probe]["httpGet"]
+        check(http["path"] == "/healthz" and http["port"] == "http", f"gateway {probe} must GET /healthz on http")
+    env = {e["name"]: e["valueFrom"]["configMapKeyRef"] for e in ctr["env"]}
+    check(env["FORKBOX_REDIS_URL"]["key"] == "FORKBOX_REDIS_URL" and "FORKBOX_REDIS_URL" in cm,
+          "gateway must use the workers' Redis")
+    check(env["FORKBOX_QUEUE"]["key"] == "FORKBOX_QUEUES" and "," not in cm["FORKBOX_QUEUES"],
+          "gateway queue must be the workers' (one queue)")
+
+
 def self_test(res: dict) -> None:
     """The validators must reject known-bad documents, or a pass above means nothing."""
     import copy
@@ -170,6 +203,7 @@ def main() -> int:
     self_test(res)
     validate_schemas(res)
     cross_check(res)
+    check_gateway(res)
     for e in errors:
         print(f"FAIL: {e}")
     kinds = ", ".join(sorted({k for k, _ in res}))

@@ -24,7 +24,7 @@ verify() {
 }
 
 failed=0
-units=(forkbox-worker.service forkbox-worker@default.service forkbox-worker@batch.service forkbox-daemon.service forkbox.slice)
+units=(forkbox-worker.service forkbox-worker@default.service forkbox-worker@batch.service forkbox-daemon.service forkbox-gateway.service forkbox.slice)
 if verify "${units[@]}"; then echo "ok: systemd-analyze verify ${units[*]}"; else echo "FAIL: systemd-analyze verify"; failed=1; fi
 
 # The check must be able to fail: a unit with a typo has to produce output.
@@ -47,6 +47,21 @@ for unit in forkbox-worker.service forkbox-worker@.service forkbox-daemon.servic
     [ -n "$stop" ] && [ "$stop" -gt "$grace" ] || { echo "FAIL: $unit TimeoutStopSec ($stop) must exceed --grace ($grace)"; failed=1; }
 done
 [ "$failed" = 0 ] && echo "ok: units delegate cpu/memory/pids, avoid namespace-breaking hardening, stop after the drain"
+
+# The gateway runs no sandbox: it takes the strict hardening, listens on loopback only, and
+# its env file names the variables it reads.
+g=$UNITS/forkbox-gateway.service
+for want in '^NoNewPrivileges=yes' '^ProtectSystem=strict' '^PrivateUsers=yes' '^RestrictNamespaces=yes' \
+    '^SystemCallFilter=@system-service' '^CapabilityBoundingSet=$' '^User=forkbox' '^Restart=on-failure' \
+    '^ExecStart=/usr/local/bin/forkbox gateway --listen 127\.0\.0\.1:'; do
+    grep -Eq "$want" "$g" || { echo "FAIL: forkbox-gateway.service lacks $want"; failed=1; }
+done
+for var in FORKBOX_REDIS_URL FORKBOX_QUEUE FORKBOX_GATEWAY_API_KEY_FILE; do
+    grep -q "$var" "$UNITS/gateway.env" || { echo "FAIL: gateway.env does not mention $var"; failed=1; }
+    grep -q "env = \"$var\"" "$REPO/worker/src/cmd/gateway.rs" "$REPO/worker/src/cmd/client.rs" \
+        || { echo "FAIL: gateway.env names $var, which forkbox gateway does not read"; failed=1; }
+done
+[ "$failed" = 0 ] && echo "ok: the gateway unit is hardened, on loopback, and its env file names what it reads"
 
 # The sysusers entry parses and creates the user the units run as.
 if command -v systemd-sysusers >/dev/null; then

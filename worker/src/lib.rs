@@ -4,6 +4,7 @@
 // The only unsafe code lives in `sandbox::kernel::sys`, which opts back in.
 #![deny(unsafe_code)]
 
+pub mod gateway;
 pub mod node;
 pub mod runtimes;
 pub mod sandbox;

@@ -13,6 +13,7 @@ mod check;
 mod client;
 mod daemon;
 mod daemon_client;
+mod gateway;
 mod opts;
 mod run;
 mod settings;
@@ -62,6 +63,9 @@ pub enum Command {
     /// List, requeue or purge dead letters.
     #[command(subcommand)]
     Dlq(client::DlqCommand),
+    /// Serve Piston's, Judge0's and SandboxFusion's HTTP APIs over the queue: each request
+    /// becomes a job, its answer the job's result (listens on 127.0.0.1:2358; no TLS).
+    Gateway(gateway::GatewayArgs),
     /// What the fleet can run: each language and version the live workers of the queues
     /// published, with how many nodes offer it.
     Runtimes(client::StatsArgs),
@@ -107,6 +111,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Dlq(DlqCommand::Purge(a)) => {
             client_runtime().and_then(|rt| rt.block_on(client::dlq_purge(a)))
         }
+        Command::Gateway(a) => gateway::main(a),
         Command::Runtimes(a) => client_runtime().and_then(|rt| rt.block_on(client::runtimes(a))),
         Command::Cancel(a) => client_runtime().and_then(|rt| rt.block_on(client::cancel(a))),
     };

@@ -67,6 +67,12 @@ pub struct UpArgs {
     /// Serve from a Redis whose maxmemory-policy is not noeviction (it may evict jobs).
     #[arg(long)]
     pub allow_eviction: bool,
+    /// Also start the HTTP gateway (Piston, Judge0, SandboxFusion APIs) on this queue, at
+    /// ADDR (default 127.0.0.1:2358; no TLS, so keep it on loopback or behind a proxy).
+    #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1, default_missing_value = super::gateway::DEFAULT_LISTEN)]
+    pub gateway: Option<SocketAddr>,
+    #[command(flatten)]
+    pub gateway_options: super::gateway::GatewayOptions,
     #[command(flatten)]
     pub sandbox: SandboxOpts,
 }
@@ -160,6 +166,28 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
             node_task.await.context("the node task")??;
             return Ok(ExitCode::SUCCESS);
         };
+        let gateway = match args.gateway {
+            None => None,
+            Some(listen) => {
+                let broker = forkbox_queue::Broker::connect_with(&redis_url, &redis_tls).await?;
+                let (gw, listener) = super::gateway::prepare(
+                    broker,
+                    &queue,
+                    1,
+                    listen,
+                    args.gateway_options.config()?,
+                    forkbox::runtimes::Catalogue::load(args.gateway_options.runtimes.as_deref())?,
+                )
+                .await?;
+                let addr = listener.local_addr().context("the gateway's address")?;
+                let mut stop_rx = stop.subscribe();
+                let shutdown = async move {
+                    let _ = stop_rx.wait_for(|l| *l >= StopLevel::Drain).await;
+                };
+                tokio::spawn(forkbox::gateway::serve(listener, gw, shutdown));
+                Some(addr)
+            }
+        };
         print_banner(
             &name,
             slots,
@@ -169,6 +197,9 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
             metrics,
             args.demo,
         );
+        if let Some(addr) = gateway {
+            println!("  gateway: http://{addr}  (Piston /api/v2/execute, Judge0 /submissions, SandboxFusion /run_code)");
+        }
         let mut code = ExitCode::SUCCESS;
         if args.demo {
             let mut stop_rx = stop.subscribe();
