@@ -468,6 +468,18 @@ pub fn close_inherited(_proof: &SingleThreaded, keep: &OwnedFd) -> Result<(), Er
     unsafe { close_all_except(keep.as_raw_fd()) }
 }
 
+/// The calling process's nice value.
+pub fn nice() -> Result<i32, Errno> {
+    // `getpriority` may return -1 as a value: only a changed errno tells an error.
+    Errno::clear();
+    // SAFETY: integer-only call that reads this process's priority.
+    let value = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+    match Errno::last_raw() {
+        0 => Ok(value),
+        _ => Err(Errno::last()),
+    }
+}
+
 /// Sets the calling process's nice value.
 pub fn set_nice(value: i32) -> Result<(), Errno> {
     // SAFETY: integer-only call that affects this process alone.
