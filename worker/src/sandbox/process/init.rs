@@ -94,11 +94,8 @@ fn serve(one: &SingleThreaded, sock: &OwnedFd, cfg: &ZygoteConfig) -> Result<Sid
     // nice of all of it. The job sees this process as its pid 1, so its autogroup must hold
     // nothing but the sandbox (the program starts yet another session).
     nix::unistd::setsid().map_err(|e| SetupError::errno("setsid", e))?;
-    // The zygote may run at a raised priority; the sandbox must not inherit it. It goes to the
-    // normal priority, or to the node's own where that is lower (a node started under `nice`
-    // keeps its jobs there): only ever down, which needs no privilege.
-    let node_nice = super::zygote::NODE_NICE.load(std::sync::atomic::Ordering::Relaxed);
-    sys::set_nice(node_nice.max(0)).map_err(|e| SetupError::errno("reset priority", e))?;
+    // The zygote may run at a raised priority; the sandbox must not inherit it.
+    super::priority::reset_for_sandbox().map_err(|e| SetupError::errno("reset priority", e))?;
     // When the host runs out of memory, the sandbox goes first.
     limits::rank_first_for_oom().map_err(|e| SetupError::io("raise oom_score_adj", &e))?;
     // Our parent is the zygote; if it dies, so do we (and with us the whole sandbox).

@@ -12,6 +12,7 @@
 pub(crate) mod identity;
 pub(crate) mod init;
 pub(crate) mod launcher;
+pub(crate) mod priority;
 pub(crate) mod stage;
 pub(crate) mod watchdog;
 pub(crate) mod wire;

@@ -31,13 +31,6 @@ use crate::sandbox::kernel::clock::mono_ns;
 use crate::sandbox::kernel::sys::{self, Forked, SingleThreaded};
 use crate::sandbox::kernel::syscalls::{Host, Syscalls};
 
-/// The zygote's nice value when the host lets it raise its priority.
-const ZYGOTE_NICE: i32 = -5;
-
-/// The nice value the zygote was started with (the node's), to which every sandbox returns:
-/// set once, before the first sandbox is forked, so each reads the value its zygote saw.
-pub(super) static NODE_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
 /// Entry point of `forkbox __zygote`: the engine's channel is descriptor 3.
 pub fn main() -> ! {
     let control = match sys::take_inherited(3) {
@@ -85,10 +78,7 @@ fn start(control: &OwnedFd) -> Result<(SingleThreaded, ZygoteConfig, ByNetwork),
     crate::sandbox::isolate::rootfs::build_template(&cfg.root, &cfg.staging, &cfg.work_dir)?;
     // The watchdog's kills should not queue behind the jobs it watches. Only possible with
     // privilege; sandboxes go back to the normal priority as their first step.
-    if let Ok(nice) = sys::nice() {
-        NODE_NICE.store(nice, std::sync::atomic::Ordering::Relaxed);
-    }
-    let _ = sys::set_nice(ZYGOTE_NICE);
+    super::priority::raise_zygote();
     let hardening = ByNetwork::compile()?;
     // Before the first sandbox, so that every one of them is a fork of the warm interpreter.
     let python = cfg
