@@ -125,106 +125,27 @@ pub fn parse_execute(
         Some(Value::Array(_)) => return Err(bad("files must contain at least one file")),
         _ => return Err(bad("files is required as an array")),
     };
-    let mut decoded = Vec::with_capacity(files.len());
-    for (i, f) in files.iter().enumerate() {
-        let Some(content) = f.get("content").and_then(Value::as_str) else {
-            return Err(bad(format!("files[{i}].content is required as a string")));
-        };
-        let name = match f.get("name") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => return Err(bad(format!("files[{i}].name must be a string"))),
-        };
-        let bytes = match f.get("encoding").map(|e| e.as_str()) {
-            None | Some(Some("utf8")) => content.as_bytes().to_vec(),
-            Some(Some("base64")) => base64::engine::general_purpose::STANDARD
-                .decode(content)
-                .map_err(|e| bad(format!("files[{i}].content is not valid base64: {e}")))?,
-            Some(Some("hex")) => hex_decode(content)
-                .ok_or_else(|| bad(format!("files[{i}].content is not valid hex")))?,
-            _ => {
-                return Err(bad(format!(
-                    "files[{i}].encoding must be one of utf8, base64, hex"
-                )))
-            }
-        };
-        if let Some(n) = &name {
-            if n.is_empty() || n.starts_with('/') || n.split('/').any(|c| c == "..") {
-                return Err(bad(format!(
-                    "files[{i}].name must be a relative path inside the working directory"
-                )));
-            }
-        }
-        decoded.push((name, bytes));
-    }
+    let decoded = decode_files(&files)?;
     let stdin = match body.stdin {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(s)) => s.into_bytes(),
         Some(_) => return Err(bad("stdin must be a string")),
     };
-    let args = match body.args {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| match v {
-                Value::String(s) => Ok(s),
-                _ => Err(bad(format!("args[{i}] must be a string"))),
-            })
-            .collect::<Result<_, _>>()?,
-        Some(_) => return Err(bad("args must be an array")),
-    };
-    let timeout =
-        |v: Option<Value>, field: &str, max: u64, default: u64| -> Result<u64, Rejection> {
-            match v {
-                None | Some(Value::Null) => Ok(default.min(max)),
-                Some(Value::Number(n)) => match n.as_f64() {
-                    Some(ms) if ms > 0.0 && ms <= max as f64 => Ok(ms.ceil() as u64),
-                    Some(ms) if ms > 0.0 => Err(bad(format!(
-                        "{field} cannot exceed the configured limit of {max}"
-                    ))),
-                    _ => Err(bad(format!("{field} must be a positive number"))),
-                },
-                Some(_) => Err(bad(format!("{field} must be a number"))),
-            }
-        };
-    let compile_timeout = timeout(
+    let args = string_list(body.args, "args")?;
+    let compile_timeout = timeout_ms(
         body.compile_timeout,
         "compile_timeout",
         bounds.max_compile_timeout_ms,
         10_000,
     )?;
-    let run_timeout = timeout(
+    let run_timeout = timeout_ms(
         body.run_timeout,
         "run_timeout",
         bounds.max_run_timeout_ms,
         3_000,
     )?;
-    let memory = |v: Option<Value>, field: &str| -> Result<Option<u64>, Rejection> {
-        match v {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => match n.as_f64() {
-                Some(-1.0) => Ok(None),
-                Some(b) if b > 0.0 => {
-                    let mb = (b / (1024.0 * 1024.0)).ceil() as u64;
-                    if mb > bounds.max_memory_mb {
-                        Err(bad(format!(
-                            "{field} cannot exceed the configured limit of {}",
-                            bounds.max_memory_mb * 1024 * 1024
-                        )))
-                    } else {
-                        Ok(Some(mb.max(1)))
-                    }
-                }
-                _ => Err(bad(format!(
-                    "{field} must be -1 or a positive number of bytes"
-                ))),
-            },
-            Some(_) => Err(bad(format!("{field} must be a number"))),
-        }
-    };
-    let compile_memory = memory(body.compile_memory_limit, "compile_memory_limit")?;
-    let run_memory = memory(body.run_memory_limit, "run_memory_limit")?;
+    let compile_memory = memory_mb(body.compile_memory_limit, "compile_memory_limit", bounds)?;
+    let run_memory = memory_mb(body.run_memory_limit, "run_memory_limit", bounds)?;
     let mut decoded = decoded.into_iter();
     let (_, source) = decoded.next().expect("at least one file");
     let source_text = String::from_utf8_lossy(&source);
@@ -261,6 +182,102 @@ pub fn parse_execute(
         output_bytes: None,
         merge_stderr: false,
     })
+}
+
+/// A request's file: its name, if given, and its content decoded.
+type NamedFile = (Option<String>, Vec<u8>);
+
+/// The request's files, each with its name (if given) and its content decoded.
+fn decode_files(files: &[Value]) -> Result<Vec<NamedFile>, Rejection> {
+    let mut decoded = Vec::with_capacity(files.len());
+    for (i, f) in files.iter().enumerate() {
+        let Some(content) = f.get("content").and_then(Value::as_str) else {
+            return Err(bad(format!("files[{i}].content is required as a string")));
+        };
+        let name = match f.get("name") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(bad(format!("files[{i}].name must be a string"))),
+        };
+        let bytes = match f.get("encoding").map(|e| e.as_str()) {
+            None | Some(Some("utf8")) => content.as_bytes().to_vec(),
+            Some(Some("base64")) => base64::engine::general_purpose::STANDARD
+                .decode(content)
+                .map_err(|e| bad(format!("files[{i}].content is not valid base64: {e}")))?,
+            Some(Some("hex")) => hex_decode(content)
+                .ok_or_else(|| bad(format!("files[{i}].content is not valid hex")))?,
+            _ => {
+                return Err(bad(format!(
+                    "files[{i}].encoding must be one of utf8, base64, hex"
+                )))
+            }
+        };
+        if let Some(n) = &name {
+            if n.is_empty() || n.starts_with('/') || n.split('/').any(|c| c == "..") {
+                return Err(bad(format!(
+                    "files[{i}].name must be a relative path inside the working directory"
+                )));
+            }
+        }
+        decoded.push((name, bytes));
+    }
+    Ok(decoded)
+}
+
+/// An optional array of strings (`args`), empty when absent.
+fn string_list(v: Option<Value>, field: &str) -> Result<Vec<String>, Rejection> {
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(a)) => a
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(bad(format!("{field}[{i}] must be a string"))),
+            })
+            .collect(),
+        Some(_) => Err(bad(format!("{field} must be an array"))),
+    }
+}
+
+/// A stage's timeout in milliseconds: `default` when absent, at most `max`.
+fn timeout_ms(v: Option<Value>, field: &str, max: u64, default: u64) -> Result<u64, Rejection> {
+    match v {
+        None | Some(Value::Null) => Ok(default.min(max)),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(ms) if ms > 0.0 && ms <= max as f64 => Ok(ms.ceil() as u64),
+            Some(ms) if ms > 0.0 => Err(bad(format!(
+                "{field} cannot exceed the configured limit of {max}"
+            ))),
+            _ => Err(bad(format!("{field} must be a positive number"))),
+        },
+        Some(_) => Err(bad(format!("{field} must be a number"))),
+    }
+}
+
+/// A stage's memory limit, given in bytes, as MiB: none when absent or -1.
+fn memory_mb(v: Option<Value>, field: &str, bounds: &Bounds) -> Result<Option<u64>, Rejection> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match n.as_f64() {
+            Some(-1.0) => Ok(None),
+            Some(b) if b > 0.0 => {
+                let mb = (b / (1024.0 * 1024.0)).ceil() as u64;
+                if mb > bounds.max_memory_mb {
+                    Err(bad(format!(
+                        "{field} cannot exceed the configured limit of {}",
+                        bounds.max_memory_mb * 1024 * 1024
+                    )))
+                } else {
+                    Ok(Some(mb.max(1)))
+                }
+            }
+            _ => Err(bad(format!(
+                "{field} must be -1 or a positive number of bytes"
+            ))),
+        },
+        Some(_) => Err(bad(format!("{field} must be a number"))),
+    }
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {

@@ -19,7 +19,7 @@ use crate::sandbox::isolate::setup_error::SetupError;
 use crate::sandbox::isolate::{collect, limits};
 use crate::sandbox::kernel::clock::mono_ns;
 use crate::sandbox::process::stage;
-use crate::sandbox::process::wire::{CompilePlan, Payload, ToZygote};
+use crate::sandbox::process::wire::{CompilePlan, Payload, StageReport, ToZygote};
 
 /// How a run in a slot ended ([`Engine::run_in`]): its outcome and, when its set-up failed on
 /// a system call (the engine's own, or one in the sandbox), that call's errno, as it was
@@ -182,18 +182,8 @@ impl Engine {
             return Err(RunError::ZygoteGone);
         }
         let limits = job.limits.resolve(&inner.config.defaults);
-        let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
-        if file_bytes > limits.disk_mb * 1024 * 1024 {
-            // The launcher would run out of room writing them: a fault of the job, not of the
-            // sandbox, so not worth a retry.
-            return Ok(RunEnd::of(Outcome::not_run(
-                Status::Invalid,
-                format!(
-                    "files: {file_bytes} bytes do not fit the job's disk of {} MiB \
-                     (limits.disk_mb)",
-                    limits.disk_mb
-                ),
-            )));
+        if let Some(refused) = files_past_disk(job, &limits) {
+            return Ok(RunEnd::of(refused));
         }
         let (payload, runtime_use) = self.payload(job, limits);
         let payload_fd =
@@ -313,24 +303,54 @@ impl Engine {
             runtime: runtime_use,
             output_mode: job.output_mode.unwrap_or_default(),
         };
-        let setup_errno = outcome::setup_error(&observed).and_then(SetupError::errno_value);
-        let outcome = outcome::fold(observed, terms);
-        let outcome = match &payload.compile {
-            Some(plan) => stage::settle(
-                outcome,
-                compiled,
-                plan,
-                stage::Ended {
-                    run_measured,
-                    watchdog_killed,
-                },
-            ),
-            None => outcome,
+        let ended = stage::Ended {
+            run_measured,
+            watchdog_killed,
         };
-        Ok(RunEnd {
-            outcome,
-            setup_errno,
-        })
+        Ok(settle(
+            observed,
+            terms,
+            payload.compile.as_ref(),
+            compiled,
+            ended,
+        ))
+    }
+}
+
+/// A job whose files do not fit its disk: the launcher would run out of room writing them, a
+/// fault of the job, not of the sandbox, so not worth a retry.
+fn files_past_disk(job: &Job, limits: &EffectiveLimits) -> Option<Outcome> {
+    let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
+    (file_bytes > limits.disk_mb * 1024 * 1024).then(|| {
+        Outcome::not_run(
+            Status::Invalid,
+            format!(
+                "files: {file_bytes} bytes do not fit the job's disk of {} MiB \
+                 (limits.disk_mb)",
+                limits.disk_mb
+            ),
+        )
+    })
+}
+
+/// What a run observed, folded into its end: the outcome (a staged job's with its compile
+/// stage settled) and the errno of a set-up that failed on a system call.
+fn settle(
+    observed: Observed,
+    terms: Terms,
+    compile: Option<&CompilePlan>,
+    compiled: Option<StageReport>,
+    ended: stage::Ended,
+) -> RunEnd {
+    let setup_errno = outcome::setup_error(&observed).and_then(SetupError::errno_value);
+    let outcome = outcome::fold(observed, terms);
+    let outcome = match compile {
+        Some(plan) => stage::settle(outcome, compiled, plan, ended),
+        None => outcome,
+    };
+    RunEnd {
+        outcome,
+        setup_errno,
     }
 }
 
