@@ -1,4 +1,6 @@
-//! No import cycle among the modules of the workspace's crates.
+//! The floor plan's rules, read from the source: no import cycle among the modules of the
+//! workspace's crates, no sandbox module importing from a floor above its own, and no
+//! production function over 150 lines.
 //!
 //! A module is one source file (`a/mod.rs` is `a`, `a/b.rs` is `a::b`); its edges are the
 //! modules its `crate::`, `super::` and `self::` paths name, grouped imports included. Comments
@@ -405,4 +407,107 @@ fn the_floor_check_sees_arrows_up() {
     assert!(edge("node::job", "sandbox::engine::run").is_empty());
     let stray = std::panic::catch_unwind(|| edge("sandbox::stray", "sandbox::kernel::sys"));
     assert!(stray.is_err(), "a module in no room is refused");
+}
+
+/// The most lines a production function may take, signature to closing brace: past it, a
+/// function wants named steps or a small state type.
+const MAX_FUNCTION_LINES: usize = 150;
+
+/// The functions of `text` (comments and strings already stripped by [`code`]) longer than
+/// `max` lines, as `name (line N, L lines)`. Test code is left out: everything from the first
+/// `#[cfg(test)]` on (a file's test module sits at its end).
+fn long_functions(text: &str, max: usize) -> Vec<String> {
+    let lines: Vec<&str> = text
+        .lines()
+        .take_while(|l| l.trim() != "#[cfg(test)]")
+        .collect();
+    let mut long = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let Some(name) = function_name(lines[i]) else {
+            i += 1;
+            continue;
+        };
+        let (mut depth, mut opened, mut end) = (0i64, false, i);
+        for (j, line) in lines.iter().enumerate().skip(i) {
+            end = j;
+            depth += line.matches('{').count() as i64 - line.matches('}').count() as i64;
+            opened |= line.contains('{');
+            if (opened && depth <= 0) || (!opened && line.trim_end().ends_with(';')) {
+                break;
+            }
+        }
+        let len = end - i + 1;
+        if opened && len > max {
+            long.push(format!("{name} (line {}, {len} lines)", i + 1));
+        }
+        i = end + 1;
+    }
+    long
+}
+
+/// The name of the function a line declares, if it declares one.
+fn function_name(line: &str) -> Option<&str> {
+    let mut rest = line.trim_start();
+    loop {
+        let word = rest.split_whitespace().next()?;
+        let qualifier = word == "pub"
+            || word.starts_with("pub(")
+            || matches!(word, "async" | "const" | "unsafe" | "extern" | "default");
+        if !qualifier {
+            break;
+        }
+        rest = rest[word.len()..].trim_start();
+    }
+    let rest = rest.strip_prefix("fn ")?;
+    let end = rest.find(|c: char| !(c.is_alphanumeric() || c == '_'))?;
+    Some(&rest[..end])
+}
+
+/// Whether module `name` is declared for tests only (`#[cfg(test)]` right above `mod x;` in
+/// its parent).
+fn test_only(modules: &BTreeMap<String, String>, name: &str) -> bool {
+    let (parent, last) = name.rsplit_once("::").unwrap_or(("", name));
+    let Some(text) = modules.get(parent) else {
+        return false;
+    };
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    lines.windows(2).any(|w| {
+        w[0] == "#[cfg(test)]"
+            && (w[1] == format!("mod {last};") || w[1] == format!("pub mod {last};"))
+    })
+}
+
+#[test]
+fn no_production_function_is_over_150_lines() {
+    let mut long = Vec::new();
+    for krate in ["worker", "queue", "loadgen"] {
+        let modules = modules(&workspace().join(krate).join("src"));
+        for (name, text) in &modules {
+            if test_only(&modules, name) {
+                continue;
+            }
+            for f in long_functions(&code(text), MAX_FUNCTION_LINES) {
+                long.push(format!("{krate}: {name}::{f}"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MAX_FUNCTION_LINES} lines (split them into named steps):\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_length_check_sees_a_long_function_and_skips_tests() {
+    let body = "    x += 1;\n".repeat(5);
+    let text = format!(
+        "pub(crate) async fn long(x: u8) -> u8 {{\n{body}}}\nfn short() {{}}\n\
+         trait T {{\n    fn declared(&self);\n}}\n#[cfg(test)]\nmod tests {{\n    fn t() {{\n{body}    }}\n}}\n"
+    );
+    assert_eq!(long_functions(&text, 6), ["long (line 1, 7 lines)"]);
+    assert!(long_functions(&text, 7).is_empty());
+    assert_eq!(function_name("    pub unsafe fn f<T>()"), Some("f"));
+    assert_eq!(function_name("let fn_x = 1;"), None);
 }
