@@ -8,7 +8,6 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use forkbox_queue::schema::EXIT_SANDBOX_ERROR;
 
-mod bench;
 mod check;
 mod client;
 mod daemon;
@@ -40,8 +39,6 @@ pub enum Command {
     /// Report what this host supports and how each limit is enforced; exits non-zero when no
     /// sandbox can be made here.
     Check(check::CheckArgs),
-    /// Measure sandbox spawn cost against bare fork+exec and bubblewrap.
-    Bench(bench::BenchCmd),
     /// Serve jobs over a local Unix socket (newline-delimited JSON), for the Python SDK.
     Daemon(daemon::DaemonCmd),
     /// Print the protocol contract as JSON: job fields, limits and their ranges, defaults, key
@@ -80,7 +77,6 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Run(cmd) => run::main(cmd),
         Command::Check(args) => check::main(args),
-        Command::Bench(cmd) => bench::main(cmd),
         Command::Daemon(cmd) => daemon::main(cmd),
         Command::Schema => serde_json::to_string_pretty(&forkbox_queue::contract::contract())
             .map_err(Into::into)

@@ -1,4 +1,4 @@
-//! `forkbox bench queue`: what the queue costs on top of the sandbox, measured in one run.
+//! `forkbox-bench queue`: what the queue costs on top of the sandbox, measured in one run.
 //!
 //! On a private redis-server and one engine, it measures:
 //!
@@ -30,8 +30,7 @@ use serde::Serialize;
 use forkbox::node::{Node, NodeConfig, StopHandle, StopLevel};
 use forkbox::sandbox::Engine;
 
-use crate::cmd::opts::SandboxOpts;
-use crate::cmd::runtime;
+use crate::{runtime, EngineArgs};
 
 #[derive(Debug, Args)]
 pub struct QueueBenchArgs {
@@ -55,7 +54,7 @@ pub struct QueueBenchArgs {
     #[arg(long, value_name = "FILE")]
     pub section: Option<PathBuf>,
     #[command(flatten)]
-    pub sandbox: SandboxOpts,
+    pub engine: EngineArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -67,7 +66,7 @@ struct Latency {
 }
 
 fn latency(ms: Vec<f64>) -> Latency {
-    let (p50_ms, p99_ms, mean_ms, n) = super::percentiles(ms);
+    let (p50_ms, p99_ms, mean_ms, n) = crate::spawn::percentiles(ms);
     Latency {
         p50_ms,
         p99_ms,
@@ -103,7 +102,7 @@ pub fn main(args: QueueBenchArgs) -> anyhow::Result<ExitCode> {
     let slots = args.slots.unwrap_or_else(forkbox::sandbox::default_slots);
     let server = RedisServer::start().context("starting a private redis-server")?;
     let engine =
-        Engine::start(args.sandbox.engine_config(slots)).context("starting the sandbox engine")?;
+        Engine::start(args.engine.engine_config(slots)).context("starting the sandbox engine")?;
     let report = runtime()?.block_on(measure(&server, engine, slots, &args))?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -171,9 +170,7 @@ async fn measure(
     ready_rx
         .await
         .context("the node stopped before it was ready")?;
-    let q = crate::cmd::client::connect(&server.url(), &Default::default())
-        .await?
-        .queue("bench", QueueConfig::default())?;
+    let q = Queue::connect(&server.url(), "bench", QueueConfig::default()).await?;
     let mut admin = q.broker().connection();
     let _: () = redis::cmd("CONFIG")
         .arg("RESETSTAT")
@@ -299,7 +296,7 @@ async fn commandstats(
 
 fn print_report(r: &QueueReport) {
     println!(
-        "forkbox bench queue: {} /bin/true jobs, {} slot(s)",
+        "forkbox-bench queue: {} /bin/true jobs, {} slot(s)",
         r.jobs, r.slots
     );
     println!();
@@ -378,7 +375,7 @@ fn section(r: &QueueReport) -> serde_json::Value {
         "order": 25,
         "title": "Queue overhead: one node against its own engine",
         "intro": format!(
-            "`forkbox bench queue --jobs {} --slots {}`: {} `/bin/true` jobs, enqueued with \
+            "`forkbox-bench queue --jobs {} --slots {}`: {} `/bin/true` jobs, enqueued with \
              forkbox-queue's enqueue script as forkbox's own clients do, through a private \
              redis-server and an in-process node, against the same engine driven directly with \
              the same concurrency. Latency is one job at a time (light load).",

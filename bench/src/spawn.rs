@@ -1,4 +1,4 @@
-//! `forkbox bench spawn`: sandbox spawn cost against baselines measured in the same run.
+//! `forkbox-bench spawn`: sandbox spawn cost against baselines measured in the same run.
 //!
 //! Latency is measured paced (a pause between runs, so the pre-warmed pool is refilled, as it
 //! is for a node that is not saturated) and throughput back to back (the pool refill is then
@@ -9,30 +9,12 @@ use std::path::Path;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand};
+use clap::Args;
+use forkbox::sandbox::Engine;
 use forkbox_queue::schema::{Job, Status};
 use serde::Serialize;
 
-use forkbox::sandbox::Engine;
-
-use super::opts::SandboxOpts;
-use super::runtime;
-
-mod queue;
-
-#[derive(Debug, Args)]
-pub struct BenchCmd {
-    #[command(subcommand)]
-    pub what: BenchWhat,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum BenchWhat {
-    /// Spawn latency and throughput of /bin/true, and the watchdog's overshoot.
-    Spawn(SpawnArgs),
-    /// Queue overhead: end-to-end /bin/true jobs through a node against the raw engine.
-    Queue(queue::QueueBenchArgs),
-}
+use crate::{runtime, EngineArgs};
 
 #[derive(Debug, Args)]
 pub struct SpawnArgs {
@@ -49,7 +31,7 @@ pub struct SpawnArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub sandbox: SandboxOpts,
+    pub engine: EngineArgs,
 }
 
 #[derive(Debug, Serialize)]
@@ -188,13 +170,6 @@ impl CpuMark {
     }
 }
 
-pub fn main(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
-    match cmd.what {
-        BenchWhat::Spawn(args) => spawn(args),
-        BenchWhat::Queue(args) => queue::main(args),
-    }
-}
-
 fn time_command(
     mut make: impl FnMut() -> Command,
     n: usize,
@@ -265,7 +240,7 @@ fn bwrap_command() -> Option<impl FnMut() -> Command> {
     })
 }
 
-fn spawn(args: SpawnArgs) -> anyhow::Result<ExitCode> {
+pub fn main(args: SpawnArgs) -> anyhow::Result<ExitCode> {
     let n = args.iterations.max(10);
     let pace = Duration::from_micros(args.pace_us);
     let (bare, bare_per_s, bare_cpu) = time_command(|| Command::new("/bin/true"), n, pace)?;
@@ -273,7 +248,7 @@ fn spawn(args: SpawnArgs) -> anyhow::Result<ExitCode> {
         Some(make) => Some(time_command(make, n, pace)?),
         None => None,
     };
-    let engine = Engine::start(args.sandbox.engine_config(1))?;
+    let engine = Engine::start(args.engine.engine_config(1))?;
     let rt = runtime()?;
     let job = Job::argv(["/bin/true"]);
     let zygote = engine.zygote_pid();
