@@ -5,7 +5,8 @@
 #                (the gateway's suite drives the judge0, sandbox-fusion and piston-client
 #                libraries), and the VM tier (cgroup v2 limits on a real kernel under qemu)
 #   make test-vm the VM tier alone
-#   make bench   the side-by-side benchmark report (docs/benchmarks.md)
+#   make bench   the side-by-side benchmark report (docs/benchmarks.md): forkbox-bench and
+#                forkbox-loadgen against the peer systems, all in one run
 
 SHELL := /bin/bash
 CARGO ?= cargo

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Side-by-side benchmarks, all measured in this one run on this machine:
-#   1. spawn: bare fork+exec, forkbox sandbox, bubblewrap (`forkbox bench spawn`);
+#   1. spawn: bare fork+exec, forkbox sandbox, bubblewrap (`forkbox-bench spawn`), and the
+#      queue's overhead over the raw engine (`forkbox-bench queue`);
 #   2. queue throughput of /bin/true jobs: forkbox (a drained backlog, measured as the peers
 #      are, and a closed loop) vs RQ (forking and SimpleWorker) vs Celery prefork on the same
 #      Redis with the same number of worker processes, and the unsandboxed ceiling of W
@@ -17,7 +18,8 @@
 # (bench/sections.py), and docs/benchmarks.md is regenerated from those (bench/report.py).
 #
 # Environment: BENCH_JOBS (2000), BENCH_WORKERS (2), BENCH_SCALE_JOBS (2000), CARGO_TARGET_DIR;
-# FORKBOX_BIN and FORKBOX_LOADGEN to use prebuilt binaries instead of a release build;
+# FORKBOX_BIN, FORKBOX_BENCH_BIN and FORKBOX_LOADGEN to use prebuilt binaries instead of a
+# release build;
 # BENCH_OUT (bench/out) and BENCH_DOC (docs/benchmarks.md) for a trial run elsewhere.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,14 +63,16 @@ if ! command -v bwrap >/dev/null; then
     (apt-get install -y -q bubblewrap >/dev/null 2>&1 || true)
 fi
 
-if [ -n "${FORKBOX_BIN:-}" ] && [ -n "${FORKBOX_LOADGEN:-}" ]; then
+if [ -n "${FORKBOX_BIN:-}" ] && [ -n "${FORKBOX_BENCH_BIN:-}" ] && [ -n "${FORKBOX_LOADGEN:-}" ]; then
     FORKBOX=$FORKBOX_BIN
+    BENCH=$FORKBOX_BENCH_BIN
     LOADGEN=$FORKBOX_LOADGEN
 else
-    say "building forkbox and forkbox-loadgen (release)"
-    cargo build --release -q -p forkbox -p forkbox-loadgen
+    say "building forkbox, forkbox-bench and forkbox-loadgen (release)"
+    cargo build --release -q -p forkbox -p forkbox-bench -p forkbox-loadgen
     TARGET=${CARGO_TARGET_DIR:-target}/release
     FORKBOX=$(realpath "$TARGET/forkbox")
+    BENCH=$(realpath "$TARGET/forkbox-bench")
     LOADGEN=$(realpath "$TARGET/forkbox-loadgen")
 fi
 export FORKBOX_BIN=$FORKBOX
@@ -103,10 +107,10 @@ print(json.dumps({
 PYEOF
 
 say "1. spawn"
-capture spawn "$FORKBOX" bench spawn --json
-capture spawn-loopback "$FORKBOX" bench spawn --json --network-default loopback --overshoot-runs 10
-capture spawn-shared-net "$FORKBOX" bench spawn --json --shared-net --overshoot-runs 10
-capture queue "$FORKBOX" bench queue --jobs "$JOBS" --slots "$WORKERS" --section "$OUT/queue-overhead.json" --json
+capture spawn "$BENCH" spawn --json
+capture spawn-loopback "$BENCH" spawn --json --network-default loopback --overshoot-runs 10
+capture spawn-shared-net "$BENCH" spawn --json --shared-net --overshoot-runs 10
+capture queue "$BENCH" queue --jobs "$JOBS" --slots "$WORKERS" --section "$OUT/queue-overhead.json" --json
 
 say "2. queue throughput ($JOBS jobs, $WORKERS worker processes)"
 capture ceiling "$PY" bench/peers/ceiling.py --jobs "$JOBS" --workers "$WORKERS"

@@ -3,12 +3,15 @@
 
 Usage: bench/seccomp_cost.py BASELINE_FORKBOX CANDIDATE_FORKBOX [--rounds N]
 
+Each build is its `forkbox` binary with the `forkbox-bench` of the same build beside it
+(`cargo build --release -p forkbox -p forkbox-bench` puts both in target/release/).
+
 Per system call: a C program run in a sandbox of each build times a few calls in a loop
 (nanoseconds per call, the fastest of 11 interleaved runs: on a shared machine the fastest
 run is the one least disturbed by other load): `getpid`, which the kernel decides from its
 cache of calls a filter always allows; `fcntl(F_GETFD)` and `mmap`+`munmap`, which run the
 filter because of their argument rules; and a number no kernel has, which the filter refuses.
-The same program on the host, with no filter, is the floor. Per sandbox: `forkbox bench spawn
+The same program on the host, with no filter, is the floor. Per sandbox: `forkbox-bench spawn
 --json` of each build, alternated `--rounds` times. Each figure is printed with its ratio
 candidate / baseline; nothing is compared with another run.
 """
@@ -69,9 +72,17 @@ def fastest_of(runs):
     return {k: min(r[k] for r in runs) for k in runs[0]}
 
 
-def spawn(forkbox):
+def bench_beside(forkbox):
+    """The `forkbox-bench` of the same build as `forkbox`: the one in its directory."""
+    bench = os.path.join(os.path.dirname(os.path.abspath(forkbox)), "forkbox-bench")
+    if not os.access(bench, os.X_OK):
+        sys.exit(f"no forkbox-bench beside {forkbox} (cargo build --release -p forkbox-bench)")
+    return bench
+
+
+def spawn(bench):
     out = subprocess.run(
-        [forkbox, "bench", "spawn", "--json", "--iterations", "200", "--overshoot-runs", "1"],
+        [bench, "spawn", "--json", "--iterations", "200", "--overshoot-runs", "1"],
         capture_output=True, text=True, check=True,
     ).stdout
     return json.loads(out)
@@ -87,6 +98,7 @@ def main():
     if len(args) != 2:
         sys.exit(__doc__)
     baseline, candidate = args
+    benches = {"baseline": bench_beside(baseline), "candidate": bench_beside(candidate)}
     with tempfile.TemporaryDirectory() as d:
         os.chmod(d, 0o755)
         src, binary = os.path.join(d, "cost.c"), os.path.join(d, "cost")
@@ -105,9 +117,9 @@ def main():
         print(f"  {call:<26} {h:6.1f}  {b:8.1f}  {c:9.1f}  {c / b:6.2f}")
     spawns = {"baseline": [], "candidate": []}
     for _ in range(rounds):
-        spawns["baseline"].append(spawn(baseline))
-        spawns["candidate"].append(spawn(candidate))
-    print(f"per sandbox ({rounds} alternated rounds of `forkbox bench spawn`):")
+        spawns["baseline"].append(spawn(benches["baseline"]))
+        spawns["candidate"].append(spawn(benches["candidate"]))
+    print(f"per sandbox ({rounds} alternated rounds of `forkbox-bench spawn`):")
     print(f"  {'':<34} {'baseline':>10} {'candidate':>10}  candidate/baseline")
     for key in SPAWN_FIGURES:
         b = statistics.median(dig(s, key) for s in spawns["baseline"])
@@ -115,7 +127,7 @@ def main():
         print(f"  {key:<34} {b:10.1f} {c:10.1f}  {c / b:6.2f}")
 
 
-# The figures of `forkbox bench spawn --json` that are the sandbox's own.
+# The figures of `forkbox-bench spawn --json` that are the sandbox's own.
 SPAWN_FIGURES = [
     "forkbox.p50_us",
     "forkbox.mean_us",
