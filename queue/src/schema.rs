@@ -161,22 +161,25 @@ impl StageLimits {
 }
 
 impl CompileStage {
-    /// A shell-string compile stage.
+    /// A shell-string compile stage (its command set as [`Job::shell`] sets a job's).
     pub fn shell(cmd: impl Into<String>) -> CompileStage {
-        CompileStage {
-            cmd: Some(cmd.into()),
-            ..CompileStage::default()
-        }
+        CompileStage::running(Job::shell(cmd))
     }
 
-    /// An argv compile stage.
+    /// An argv compile stage (its command set as [`Job::argv`] sets a job's).
     pub fn argv<I, S>(argv: I) -> CompileStage
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
+        CompileStage::running(Job::argv(argv))
+    }
+
+    /// A compile stage with `job`'s command (`cmd` or `argv`) and nothing else set.
+    fn running(job: Job) -> CompileStage {
         CompileStage {
-            argv: Some(argv.into_iter().map(Into::into).collect()),
+            cmd: job.cmd,
+            argv: job.argv,
             ..CompileStage::default()
         }
     }
@@ -764,34 +767,7 @@ impl Job {
     /// `cmd` or `argv`, exactly one, non-empty, each string without NUL and within
     /// `MAX_ARG_STRLEN`.
     fn check_command(&self) -> Result<(), JobError> {
-        match (&self.cmd, &self.argv) {
-            (None, None) => {
-                return Err(invalid(
-                    "cmd",
-                    "a job needs `cmd` (a shell string) or `argv` (an array)",
-                ))
-            }
-            (Some(_), Some(_)) => return Err(invalid("cmd", "give `cmd` or `argv`, not both")),
-            (Some(cmd), None) => {
-                no_nul("cmd", cmd)?;
-                if cmd.trim().is_empty() {
-                    return Err(invalid("cmd", "is empty"));
-                }
-                exec_string("cmd", cmd.len())?;
-            }
-            (None, Some(argv)) => {
-                match argv.first() {
-                    None => return Err(invalid("argv", "is empty")),
-                    Some(a) if a.is_empty() => return Err(invalid("argv[0]", "is empty")),
-                    _ => {}
-                }
-                for (i, a) in argv.iter().enumerate() {
-                    no_nul(&format!("argv[{i}]"), a)?;
-                    exec_string(&format!("argv[{i}]"), a.len())?;
-                }
-            }
-        }
-        Ok(())
+        check_command("", "a job", self.cmd.as_deref(), self.argv.as_deref())
     }
 
     /// Variable names and values as exec takes them.
@@ -812,17 +788,7 @@ impl Job {
     /// The command and env together within [`MAX_EXEC_ARGS_BYTES`], the engine's own variables
     /// reserved (after the command and env checks, which bound each string).
     fn check_exec_size(&self) -> Result<(), JobError> {
-        let exec = self.exec_bytes() + EXEC_ENV_RESERVE;
-        if exec > MAX_EXEC_ARGS_BYTES {
-            return Err(invalid(
-                if self.argv.is_some() { "argv" } else { "cmd" },
-                format!(
-                    "the command and env take {exec} bytes at exec, over the limit of \
-                     {MAX_EXEC_ARGS_BYTES} bytes"
-                ),
-            ));
-        }
-        Ok(())
+        check_exec_bytes("", self.argv.is_some(), self.exec_bytes())
     }
 
     /// `stdin` decodes.
@@ -979,56 +945,16 @@ impl Job {
         let Some(stage) = &self.compile else {
             return Ok(());
         };
-        match (&stage.cmd, &stage.argv) {
-            (None, None) => {
-                return Err(invalid(
-                    "compile.cmd",
-                    "a compile stage needs `cmd` (a shell string) or `argv` (an array)",
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(invalid("compile.cmd", "give `cmd` or `argv`, not both"))
-            }
-            (Some(cmd), None) => {
-                no_nul("compile.cmd", cmd)?;
-                if cmd.trim().is_empty() {
-                    return Err(invalid("compile.cmd", "is empty"));
-                }
-                exec_string("compile.cmd", cmd.len())?;
-            }
-            (None, Some(argv)) => {
-                match argv.first() {
-                    None => return Err(invalid("compile.argv", "is empty")),
-                    Some(a) if a.is_empty() => return Err(invalid("compile.argv[0]", "is empty")),
-                    _ => {}
-                }
-                for (i, a) in argv.iter().enumerate() {
-                    no_nul(&format!("compile.argv[{i}]"), a)?;
-                    exec_string(&format!("compile.argv[{i}]"), a.len())?;
-                }
-            }
-        }
-        let ptr = std::mem::size_of::<usize>();
-        let args: usize = stage.command().iter().map(|a| a.len() + 1 + ptr).sum();
-        let env: usize = self
-            .env
-            .iter()
-            .map(|(k, v)| k.len() + v.len() + 2 + ptr)
-            .sum();
-        let exec = args + env + EXEC_ENV_RESERVE;
-        if exec > MAX_EXEC_ARGS_BYTES {
-            return Err(invalid(
-                if stage.argv.is_some() {
-                    "compile.argv"
-                } else {
-                    "compile.cmd"
-                },
-                format!(
-                    "the command and env take {exec} bytes at exec, over the limit of \
-                     {MAX_EXEC_ARGS_BYTES} bytes"
-                ),
-            ));
-        }
+        check_command(
+            "compile.",
+            "a compile stage",
+            stage.cmd.as_deref(),
+            stage.argv.as_deref(),
+        )?;
+        let command = stage.command();
+        let env = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let bytes = exec_footprint(command.iter().map(String::as_str), env);
+        check_exec_bytes("compile.", stage.argv.is_some(), bytes)?;
         if let Some(t) = stage.timeout_ms {
             if t == 0 || t > MAX_TIMEOUT_MS {
                 return Err(invalid(
@@ -1081,6 +1007,63 @@ pub fn exec_args_limit(stack_soft: u64) -> usize {
     const STK_LIM: u64 = 8 * 1024 * 1024;
     let limit = (STK_LIM / 4 * 3).min(stack_soft / 4).max(ARG_MAX);
     usize::try_from(limit).unwrap_or(usize::MAX)
+}
+
+/// A command given as `cmd` or `argv`, a job's (`at` empty) or its compile stage's (`at`
+/// `compile.`): exactly one, non-empty, each string without NUL and within `MAX_ARG_STRLEN`.
+/// `whose` names what needs it in the error for neither.
+fn check_command(
+    at: &str,
+    whose: &str,
+    cmd: Option<&str>,
+    argv: Option<&[String]>,
+) -> Result<(), JobError> {
+    let field = |name: &str| format!("{at}{name}");
+    match (cmd, argv) {
+        (None, None) => Err(invalid(
+            field("cmd"),
+            format!("{whose} needs `cmd` (a shell string) or `argv` (an array)"),
+        )),
+        (Some(_), Some(_)) => Err(invalid(field("cmd"), "give `cmd` or `argv`, not both")),
+        (Some(cmd), None) => {
+            no_nul(&field("cmd"), cmd)?;
+            if cmd.trim().is_empty() {
+                return Err(invalid(field("cmd"), "is empty"));
+            }
+            exec_string(&field("cmd"), cmd.len())
+        }
+        (None, Some(argv)) => {
+            match argv.first() {
+                None => return Err(invalid(field("argv"), "is empty")),
+                Some(a) if a.is_empty() => return Err(invalid(field("argv[0]"), "is empty")),
+                _ => {}
+            }
+            for (i, a) in argv.iter().enumerate() {
+                let name = field(&format!("argv[{i}]"));
+                no_nul(&name, a)?;
+                exec_string(&name, a.len())?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// `bytes` of a command and env at exec (as [`exec_footprint`] counts them), with the
+/// engine's own variables reserved, within [`MAX_EXEC_ARGS_BYTES`]; the error names the
+/// command's field (`at` as for [`check_command`]).
+fn check_exec_bytes(at: &str, is_argv: bool, bytes: usize) -> Result<(), JobError> {
+    let exec = bytes + EXEC_ENV_RESERVE;
+    if exec > MAX_EXEC_ARGS_BYTES {
+        let name = if is_argv { "argv" } else { "cmd" };
+        return Err(invalid(
+            format!("{at}{name}"),
+            format!(
+                "the command and env take {exec} bytes at exec, over the limit of \
+                 {MAX_EXEC_ARGS_BYTES} bytes"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What a command given as `cmd` or `argv` execs: `argv`, or `/bin/sh -c CMD`.
@@ -1998,6 +1981,48 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.starts_with("compile.argv[1]: is 131072 bytes"), "{e}");
+    }
+
+    /// A compile stage's command is built, and refused, as a job's is, under `compile.`.
+    #[test]
+    fn a_compile_stage_command_follows_the_job_command_rules() {
+        assert_eq!(
+            CompileStage::shell("cc x.c"),
+            CompileStage {
+                cmd: Some("cc x.c".into()),
+                ..CompileStage::default()
+            }
+        );
+        assert_eq!(
+            CompileStage::argv(["cc", "x.c"]),
+            CompileStage {
+                argv: Some(vec!["cc".into(), "x.c".into()]),
+                ..CompileStage::default()
+            }
+        );
+        // Each argument within MAX_ARG_STRLEN, all of them over the total exec takes.
+        let many = vec!["y".repeat(100_000); MAX_EXEC_ARGS_BYTES / 100_000 + 1];
+        let bad: [(Job, &str); 4] = [
+            (Job::shell("a\0b"), "cmd: contains a NUL byte"),
+            (Job::argv(["cc", "a\0b"]), "argv[1]: contains a NUL byte"),
+            (Job::argv(many.clone()), "argv: the command and env take"),
+            (Job::default(), "cmd: a job needs `cmd`"),
+        ];
+        for (job, want) in bad {
+            let e = job.validate().unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e}");
+            let staged = Job {
+                compile: Some(CompileStage {
+                    cmd: job.cmd,
+                    argv: job.argv,
+                    ..CompileStage::default()
+                }),
+                ..Job::shell("./a.out")
+            };
+            let e = staged.validate().unwrap_err().to_string();
+            let want = format!("compile.{}", want.replace("a job", "a compile stage"));
+            assert!(e.starts_with(&want), "{e}");
+        }
     }
 
     #[test]

@@ -84,20 +84,8 @@ pub struct StageLimits {
     pub cpu_ms: Option<u64>,
 }
 
-/// How one stage ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StageStatus {
-    Ok,
-    /// Exited non-zero.
-    Failed,
-    /// Killed at its wall-clock limit.
-    Timeout,
-    CpuLimit,
-    MemoryLimit,
-    OutputLimit,
-    /// Killed by a signal of its own doing.
-    Signaled,
-}
+/// How one stage ended: the protocol's own statuses, for the run stage as for the compile stage.
+pub use forkbox_queue::schema::StageStatus;
 
 /// How a staged job reaches the node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -370,17 +358,8 @@ pub fn interpret(exec: &Execution, staging: Staging, result: &JobResult) -> Exec
 
 /// A node's report of a compile stage, in the gateway's terms.
 fn from_stage_outcome(s: &StageOutcome) -> Stage {
-    use schema::StageStatus as S;
     Stage {
-        status: match s.status {
-            S::Ok => StageStatus::Ok,
-            S::Failed => StageStatus::Failed,
-            S::Timeout => StageStatus::Timeout,
-            S::CpuLimit => StageStatus::CpuLimit,
-            S::MemoryLimit => StageStatus::MemoryLimit,
-            S::OutputLimit => StageStatus::OutputLimit,
-            S::Signaled => StageStatus::Signaled,
-        },
+        status: s.status,
         exit_code: s.exit_code,
         signal: s.signal,
         stdout: s.stdout.clone(),

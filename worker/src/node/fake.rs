@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use forkbox_queue::redis::{ErrorKind, RedisError};
 use forkbox_queue::{
-    parse_payload, Completion, Delivery, Job, JobResult, Outcome, QueueError, Reclaimed, Status,
+    parse_payload, Completion, Delivery, Job, Outcome, QueueError, Reclaimed, Status,
 };
 use tokio::sync::Semaphore;
 
 use crate::node::error::NodeFault;
-use crate::node::seam::{Boxed, CompleteAndRead, JobQueue, Part, Run, RunSlot, Runner};
+use crate::node::seam::{
+    Boxed, CompleteAndRead, Done, JobQueue, Letter, Part, Run, RunSlot, Runner,
+};
 
 pub(crate) const QUEUE: &str = "q";
 
@@ -229,7 +231,7 @@ impl JobQueue for FakeQueue {
     fn complete<'a>(
         &'a self,
         _part: &'a Part,
-        done: &'a [(&'a Delivery, &'a JobResult)],
+        done: &'a [Done<'a>],
         read: Option<(&'a str, usize)>,
     ) -> Boxed<'a, CompleteAndRead> {
         let mut s = self.state.lock().unwrap();
@@ -251,7 +253,7 @@ impl JobQueue for FakeQueue {
     fn dead_letter<'a>(
         &'a self,
         _part: &'a Part,
-        letters: &'a [(&'a Delivery, Status, &'a str)],
+        letters: &'a [Letter<'a>],
         _worker: &'a str,
     ) -> Boxed<'a, Result<Vec<Completion>, QueueError>> {
         let mut s = self.state.lock().unwrap();
@@ -268,7 +270,7 @@ impl JobQueue for FakeQueue {
     fn dead_letter_each<'a>(
         &'a self,
         part: &'a Part,
-        letters: &'a [(&'a Delivery, Status, &'a str)],
+        letters: &'a [Letter<'a>],
         worker: &'a str,
     ) -> Boxed<'a, Vec<Result<Option<Completion>, QueueError>>> {
         Box::pin(async move {

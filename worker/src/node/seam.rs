@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 
-use forkbox_queue::{Completion, Delivery, Job, JobResult, Outcome, QueueError, QueueSet};
+use forkbox_queue::{Completion, Delivery, Job, JobResult, Outcome, Queue, QueueError, QueueSet};
 use forkbox_queue::{Reclaimed, Status};
 
 use crate::node::error::NodeFault;
@@ -95,6 +95,12 @@ impl Part {
     }
 }
 
+/// A result to store, with the delivery whose entry its storing acknowledges.
+pub(crate) type Done<'a> = (&'a Delivery, &'a JobResult);
+
+/// A delivery to dead-letter, with its status and the reason.
+pub(crate) type Letter<'a> = (&'a Delivery, Status, &'a str);
+
 /// What completing a batch returns: the completions, and the entries read with them.
 pub(crate) type CompleteAndRead = (
     Result<Vec<Completion>, QueueError>,
@@ -147,21 +153,21 @@ pub(crate) trait JobQueue: Send + Sync + 'static {
     fn complete<'a>(
         &'a self,
         part: &'a Part,
-        done: &'a [(&'a Delivery, &'a JobResult)],
+        done: &'a [Done<'a>],
         read: Option<(&'a str, usize)>,
     ) -> Boxed<'a, CompleteAndRead>;
     /// Dead-letters `letters` in one round trip.
     fn dead_letter<'a>(
         &'a self,
         part: &'a Part,
-        letters: &'a [(&'a Delivery, Status, &'a str)],
+        letters: &'a [Letter<'a>],
         worker: &'a str,
     ) -> Boxed<'a, Result<Vec<Completion>, QueueError>>;
     /// Dead-letters `letters` one by one (`None`: the entry left without a result).
     fn dead_letter_each<'a>(
         &'a self,
         part: &'a Part,
-        letters: &'a [(&'a Delivery, Status, &'a str)],
+        letters: &'a [Letter<'a>],
         worker: &'a str,
     ) -> Boxed<'a, Vec<Result<Option<Completion>, QueueError>>>;
     /// Hands `entries` (`(entry id, deliveries)`) back to the group, uncharged.
@@ -178,13 +184,27 @@ fn queue_of<'s>(
     set: &'s QueueSet,
     part: &Part,
     command: &'static str,
-) -> Result<&'s forkbox_queue::Queue, QueueError> {
+) -> Result<&'s Queue, QueueError> {
     set.get(&part.queue, part.partition)
         .ok_or_else(|| QueueError::UnexpectedReply {
             queue: part.queue.clone(),
             command,
             detail: format!("partition {} is not one this node reads", part.partition),
         })
+}
+
+/// `op` on the queue of `part` in `set`, as a seam's future; the error of [`queue_of`],
+/// naming `command`, when the node does not read `part`.
+fn on_queue<'a, T, F>(
+    set: &'a QueueSet,
+    part: &'a Part,
+    command: &'static str,
+    op: impl FnOnce(&'a Queue) -> F + Send + 'a,
+) -> Boxed<'a, Result<T, QueueError>>
+where
+    F: Future<Output = Result<T, QueueError>> + Send + 'a,
+{
+    Box::pin(async move { op(queue_of(set, part, command)?).await })
 }
 
 impl JobQueue for QueueSet {
@@ -221,10 +241,8 @@ impl JobQueue for QueueSet {
         consumer: &'a str,
         count: usize,
     ) -> Boxed<'a, Result<Vec<Delivery>, QueueError>> {
-        Box::pin(async move {
-            queue_of(self, part, "read_own_pending")?
-                .read_own_pending(consumer, count)
-                .await
+        on_queue(self, part, "read_own_pending", move |q| {
+            q.read_own_pending(consumer, count)
         })
     }
 
@@ -235,10 +253,8 @@ impl JobQueue for QueueSet {
         min_idle_ms: u64,
         limit: usize,
     ) -> Boxed<'a, Result<Reclaimed, QueueError>> {
-        Box::pin(async move {
-            queue_of(self, part, "reclaim")?
-                .reclaim(consumer, min_idle_ms, limit)
-                .await
+        on_queue(self, part, "reclaim", move |q| {
+            q.reclaim(consumer, min_idle_ms, limit)
         })
     }
 
@@ -250,17 +266,15 @@ impl JobQueue for QueueSet {
         skip: &'a HashSet<String>,
         limit: usize,
     ) -> Boxed<'a, Result<Vec<Delivery>, QueueError>> {
-        Box::pin(async move {
-            queue_of(self, part, "recover_stranded")?
-                .recover_stranded(consumer, min_idle_ms, skip, limit)
-                .await
+        on_queue(self, part, "recover_stranded", move |q| {
+            q.recover_stranded(consumer, min_idle_ms, skip, limit)
         })
     }
 
     fn complete<'a>(
         &'a self,
         part: &'a Part,
-        done: &'a [(&'a Delivery, &'a JobResult)],
+        done: &'a [Done<'a>],
         read: Option<(&'a str, usize)>,
     ) -> Boxed<'a, CompleteAndRead> {
         Box::pin(async move {
@@ -278,20 +292,18 @@ impl JobQueue for QueueSet {
     fn dead_letter<'a>(
         &'a self,
         part: &'a Part,
-        letters: &'a [(&'a Delivery, Status, &'a str)],
+        letters: &'a [Letter<'a>],
         worker: &'a str,
     ) -> Boxed<'a, Result<Vec<Completion>, QueueError>> {
-        Box::pin(async move {
-            queue_of(self, part, "dead_letter")?
-                .dead_letter_as(letters, worker)
-                .await
+        on_queue(self, part, "dead_letter", move |q| {
+            q.dead_letter_as(letters, worker)
         })
     }
 
     fn dead_letter_each<'a>(
         &'a self,
         part: &'a Part,
-        letters: &'a [(&'a Delivery, Status, &'a str)],
+        letters: &'a [Letter<'a>],
         worker: &'a str,
     ) -> Boxed<'a, Vec<Result<Option<Completion>, QueueError>>> {
         Box::pin(async move {
@@ -320,10 +332,8 @@ impl JobQueue for QueueSet {
         consumer: &'a str,
         entries: &'a [(&'a str, u64)],
     ) -> Boxed<'a, Result<u64, QueueError>> {
-        Box::pin(async move {
-            queue_of(self, part, "hand_back")?
-                .hand_back(consumer, entries)
-                .await
+        on_queue(self, part, "hand_back", move |q| {
+            q.hand_back(consumer, entries)
         })
     }
 }
