@@ -45,6 +45,10 @@ class CallError(Exception):
     """A call that cannot be served: the result's `error`."""
 
 
+class FrameError(ValueError):
+    """Bytes on a frame pipe that are not a frame."""
+
+
 # --- frames -------------------------------------------------------------------------------
 
 
@@ -85,12 +89,18 @@ class FrameReader:
         while len(self.buf) >= 4:
             (n,) = struct.unpack(">I", self.buf[:4])
             if n > MAX_FRAME:
-                raise SystemExit("frame over the bound from the node")
+                raise FrameError("a frame of %d bytes, over the bound" % n)
             if len(self.buf) < 4 + n:
                 break
             body = bytes(self.buf[4 : 4 + n])
             del self.buf[: 4 + n]
-            out.append(json.loads(body))
+            try:
+                frame = json.loads(body)
+            except ValueError as e:
+                raise FrameError("a frame that is not JSON: %s" % e)
+            if not isinstance(frame, dict):
+                raise FrameError("a frame that is not a JSON object")
+            out.append(frame)
         return out
 
 
@@ -216,19 +226,39 @@ def files_remove(call):
 
 
 def session_memory_kb():
-    """Anonymous and shared resident memory of every process of the sandbox, in KiB."""
+    """What the sandbox's processes hold, counted as the init's memory budget counts it: each
+    one's share of anonymous and shared memory (`smaps_rollup`, so pages a fork shares count
+    once; resident counts of `status` where that cannot be read) and its page tables, in KiB."""
     total = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open("/proc/%s/status" % name) as f:
-                for line in f:
-                    if line.startswith(("RssAnon:", "RssShmem:")):
-                        total += int(line.split()[1])
+                status = kb_fields(f)
+            try:
+                with open("/proc/%s/smaps_rollup" % name) as f:
+                    rollup = kb_fields(f)
+            except OSError:
+                rollup = {}
         except (OSError, ValueError):
             continue
+        if "Pss_Anon" in rollup and "Pss_Shmem" in rollup:
+            held = rollup["Pss_Anon"] + rollup["Pss_Shmem"]
+        else:
+            held = status.get("RssAnon", 0) + status.get("RssShmem", 0)
+        total += held + status.get("VmPTE", 0)
     return total
+
+
+def kb_fields(lines):
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0])
+    return out
 
 
 # --- the kernel ---------------------------------------------------------------------------
@@ -471,7 +501,13 @@ class Supervisor:
     def read_calls(self):
         """Reads what the node sent; `interrupt` and `kill` are served at once."""
         self.calls.feed()
-        for call in self.calls.frames():
+        try:
+            frames = self.calls.frames()
+        except FrameError as e:
+            # Only the node writes here: nothing sensible can follow.
+            print("forkbox session: from the node: %s" % e, file=sys.stderr)
+            self.shutdown(2)
+        for call in frames:
             op = call.get("op")
             if op == "kill":
                 self.shutdown(0)
@@ -574,7 +610,14 @@ class Supervisor:
                         self.read_calls()
                     elif fd == k.replies.fd:
                         k.replies.feed()
-                        frames = k.replies.frames()
+                        try:
+                            frames = k.replies.frames()
+                        except FrameError:
+                            # The session's own code can reach this pipe: a kernel whose
+                            # replies cannot be read is replaced, as a dead one is.
+                            frames, k.replies.closed = [], True
+                        if frames and not isinstance(frames[0].get("execution_count"), int):
+                            frames, k.replies.closed = [], True
                         if frames:
                             reply = frames[0]
                         elif k.replies.closed:
