@@ -7,25 +7,22 @@
 # kernel is replaced, `state_lost`), `exec` as a child in a process group of its own,
 # `files_*` here, confined to /work. See docs/protocol.md and docs/architecture.md.
 
-import ast
-import base64
+# What every start needs; the rest (ast, base64, linecache, shutil, subprocess, traceback) is
+# imported where it is first used, so the supervisor's start (and a session's open) does not
+# wait for it: the kernel imports its own right after its fork.
 import builtins
 import codecs
 import collections
 import io
 import json
-import linecache
 import os
 import resource
 import select
-import shutil
 import signal
 import stat
 import struct
-import subprocess
 import sys
 import time
-import traceback
 import types
 
 MAX_FRAME = 1024 * 1024
@@ -128,6 +125,8 @@ def file_data(raw):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
+        import base64
+
         return {"b64": base64.b64encode(raw).decode("ascii")}
 
 
@@ -135,6 +134,8 @@ def data_bytes(data, what):
     if isinstance(data, str):
         return data.encode("utf-8")
     if isinstance(data, dict) and isinstance(data.get("b64"), str):
+        import base64
+
         try:
             return base64.b64decode(data["b64"], validate=True)
         except ValueError as e:
@@ -214,6 +215,8 @@ def files_remove(call):
     try:
         st = os.lstat(full)
         if stat.S_ISDIR(st.st_mode):
+            import shutil
+
             shutil.rmtree(full)
         else:
             os.unlink(full)
@@ -268,6 +271,12 @@ def kernel_main(ctrl_r, ctrl_w):
     """The kernel's loop: a cell per request on ctrl_r, its reply on ctrl_w."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    global ast, base64, linecache, traceback
+    import ast
+    import base64
+    import linecache
+    import traceback
+
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
@@ -683,6 +692,8 @@ class Supervisor:
         stdin = data_bytes(call["stdin"], "stdin") if call.get("stdin") is not None else b""
         timeout = float(call.get("timeout_ms") or DEFAULT_TIMEOUT_MS) / 1000.0
         cap = int(call.get("output_bytes") or DEFAULT_OUTPUT_BYTES)
+        import subprocess
+
         try:
             child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
         except OSError as e:
