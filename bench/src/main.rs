@@ -4,7 +4,9 @@
 //! - `spawn` (spawn.rs): sandbox spawn latency, throughput and CPU of `/bin/true` against bare
 //!   fork+exec and bubblewrap, and the watchdog's overshoot;
 //! - `queue` (queue.rs): end-to-end `/bin/true` jobs through an in-process node against the
-//!   raw engine, and what Redis does per job.
+//!   raw engine, and what Redis does per job;
+//! - `session` (session.rs): a session's open, first `run_code` and round trip at the engine
+//!   level, and its idle memory, against a warm one-shot job.
 //!
 //! Like `forkbox`, this binary serves its engine's zygote (`forkbox-bench __zygote`), so what it
 //! measures is the sandbox code of the same build.
@@ -17,6 +19,7 @@ use forkbox::sandbox::{EngineConfig, PythonSettings};
 use forkbox_queue::schema::Network;
 
 mod queue;
+mod session;
 mod spawn;
 
 /// Forkbox's benchmark drivers: figures printed with their ratio to a baseline of the same run.
@@ -34,6 +37,9 @@ enum Bench {
     Spawn(spawn::SpawnArgs),
     /// Queue overhead: end-to-end /bin/true jobs through a node against the raw engine.
     Queue(queue::QueueBenchArgs),
+    /// Sessions at the engine level: open → first run_code, the run_code round trip, idle
+    /// memory, against a warm one-shot job.
+    Session(session::SessionBenchArgs),
 }
 
 /// What the measured engine is built with: the options of `forkbox worker` that change what a
@@ -89,6 +95,7 @@ fn main() -> ExitCode {
     let result = match Cli::parse().what {
         Bench::Spawn(args) => spawn::main(args),
         Bench::Queue(args) => queue::main(args),
+        Bench::Session(args) => session::main(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("forkbox-bench: {e:#}");
