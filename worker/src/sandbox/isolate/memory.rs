@@ -21,11 +21,17 @@
 //! The seccomp policy refuses the direct ways to the first two kinds (`MAP_GROWSDOWN`, and
 //! `MAP_SHARED` with `MAP_ANONYMOUS`), so what is left for this budget to catch is the
 //! indirect ones.
+//!
+//! The sandbox's sockets count too (`sockets`): what their queues hold is in no process's
+//! files, and a job can park gigabytes there. Past the budget, the sum is taken again and the
+//! lower of the two counts, so that a socket freed between two steps of one reading (which
+//! counts at its worst case for that reading) kills nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::procfs::{self, field_kb};
+use super::sockets::SocketCount;
 
 /// The shortest time between two checks.
 pub const MIN_CHECK: Duration = Duration::from_millis(10);
@@ -40,6 +46,8 @@ pub struct MemoryBudget {
     limit_kb: u64,
     proc: PathBuf,
     peak_kb: u64,
+    /// The sockets of the sandbox's network namespace, when they are counted.
+    sockets: Option<SocketCount>,
 }
 
 impl MemoryBudget {
@@ -49,6 +57,16 @@ impl MemoryBudget {
             limit_kb: limit_mb.saturating_mul(1024),
             proc: proc.to_owned(),
             peak_kb: 0,
+            sockets: None,
+        }
+    }
+
+    /// The same budget counting also the sockets of the caller's network namespace (the
+    /// sandbox's, for its init), which `proc` must show.
+    pub fn with_sockets(limit_mb: u64, proc: &Path) -> MemoryBudget {
+        MemoryBudget {
+            sockets: Some(SocketCount::new(proc)),
+            ..MemoryBudget::new(limit_mb, proc)
         }
     }
 
@@ -58,8 +76,20 @@ impl MemoryBudget {
     }
 
     /// The memory, in KiB, that the processes of the sandbox hold now, the calling process's
-    /// own excepted.
+    /// own excepted, and its sockets where they are counted. Past the budget it is read
+    /// again and the lower sum counts.
     pub fn used_kb(&mut self) -> u64 {
+        let first = self.read_kb();
+        let kb = if first >= self.limit_kb {
+            first.min(self.read_kb())
+        } else {
+            first
+        };
+        self.peak_kb = self.peak_kb.max(kb);
+        kb
+    }
+
+    fn read_kb(&mut self) -> u64 {
         let me = std::process::id();
         let mut kb = 0u64;
         for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
@@ -70,8 +100,8 @@ impl MemoryBudget {
             let rollup = process.read("smaps_rollup");
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
-        self.peak_kb = self.peak_kb.max(kb);
-        kb
+        let sockets = self.sockets.as_mut().map_or(0, SocketCount::used_bytes);
+        kb.saturating_add(sockets.div_ceil(1024))
     }
 
     /// How long until the budget could be used up, `None` once it is.

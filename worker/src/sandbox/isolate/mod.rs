@@ -19,4 +19,5 @@ pub(crate) mod procfs;
 pub(crate) mod rootfs;
 pub(crate) mod seccomp;
 pub(crate) mod setup_error;
+pub(crate) mod sockets;
 pub(crate) mod usage;
