@@ -1006,6 +1006,116 @@ fn python_anonymous_mmap_is_refused_cold_and_warm() {
     }
 }
 
+/// Fills socket buffers at their largest `SO_SNDBUF`, a pair (or a TCP connection over
+/// loopback) at a time, printing `T <MiB>` every 8 and `done <MiB>` at the end. `keep` keeps
+/// both ends; `close` closes each sender, whose bytes then wait in its peer's queue alone.
+const SOCKET_HOG: &str = r#"
+import socket, sys, time
+how, n = sys.argv[1], int(sys.argv[2])
+kept, total = [], 0
+if how == "tcp":
+    srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(512)
+for i in range(n):
+    if how == "tcp":
+        a = socket.socket(); a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+        a.connect(srv.getsockname()); b, _ = srv.accept()
+        b.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 30)
+    else:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 30)
+    a.setblocking(False)
+    try:
+        while True: total += a.send(b"x" * 65536)
+    except BlockingIOError: pass
+    kept.append((a, b))
+    if how == "close": a.close()
+    if i % 8 == 0: print("T", total >> 20, flush=True)
+print("done", total >> 20, flush=True)
+time.sleep(1)
+"#;
+
+/// Socket buffers count in the memory budget without cgroups: a job that parks its memory in
+/// socket queues (Unix pairs kept, Unix pairs whose senders are closed, TCP over loopback)
+/// ends as `memory_limit` near its limit, and the peak shows it. Before, the Unix job filled
+/// 949 MiB under 128 MiB and ran out of descriptors (`failed`), the TCP one 1107 MiB (`ok`).
+#[test]
+fn socket_buffers_count_in_the_memory_limit() {
+    let cases = [
+        ("keep", "128", "none"),
+        ("close", "128", "none"),
+        ("tcp", "128", "loopback"),
+    ];
+    for who in identities() {
+        for (how, pairs, network) in cases {
+            let opts = [
+                "--memory-mb",
+                "128",
+                "--timeout-ms",
+                "60000",
+                "--network",
+                network,
+            ];
+            let ran = python_prog(
+                who,
+                &opts,
+                &format!("import sys; sys.argv = ['hog', '{how}', '{pairs}']\n{SOCKET_HOG}"),
+            );
+            let out = ran.stdout();
+            assert!(
+                !out.contains("done"),
+                "{who:?} {how}: ran to the end: {}",
+                ran.json
+            );
+            assert_eq!(ran.status(), "memory_limit", "{who:?} {how}: {}", ran.json);
+            assert!(
+                ["cgroup", "sandbox_budget"]
+                    .contains(&ran.json["memory_bound_by"].as_str().unwrap_or("")),
+                "{who:?} {how}: {}",
+                ran.json
+            );
+            let touched = touched_mib(out);
+            assert!(touched <= 512, "{who:?} {how}: {touched} MiB queued");
+            let peak_kb = ran.json["max_rss_kb"].as_u64().unwrap();
+            assert!(peak_kb >= 128 * 1024, "{who:?} {how}: peak {peak_kb} KiB");
+        }
+    }
+}
+
+/// A job that uses a few sockets the ordinary way is not stopped by their count: pairs and a
+/// TCP connection carrying a few MiB each way, and a sender closed before its peer read all.
+#[test]
+fn a_job_using_a_few_sockets_runs_under_the_memory_limit() {
+    let program = r#"
+import socket, threading
+def echo(a, b, size):
+    t = threading.Thread(target=lambda: a.sendall(b"y" * size)); t.start()
+    got = 0
+    while got < size: got += len(b.recv(1 << 20))
+    t.join(); return got
+total = 0
+for _ in range(4):
+    a, b = socket.socketpair(); total += echo(a, b, 4 << 20); a.close(); b.close()
+a, b = socket.socketpair(); a.sendall(b"z" * 100000); a.close()
+got = b"".join(iter(lambda: b.recv(65536), b"")); total += len(got)
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
+c = socket.socket(); c.connect(srv.getsockname()); s, _ = srv.accept()
+total += echo(c, s, 8 << 20)
+print("moved", total)
+"#;
+    for who in identities() {
+        let opts = ["--memory-mb", "128", "--network", "loopback"];
+        let ran = python_prog(who, &opts, program);
+        assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.json);
+        let moved = (4 << 20) * 4 + 100_000 + (8 << 20);
+        assert_eq!(
+            ran.stdout(),
+            format!("moved {moved}\n"),
+            "{who:?}: {}",
+            ran.json
+        );
+    }
+}
+
 #[test]
 fn programs_hold_no_capabilities_and_no_new_privs() {
     for who in identities() {
