@@ -361,3 +361,186 @@ impl SocketCount {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    /// One netlink message of `kind` and sequence `seq` around `body`.
+    fn message(kind: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&((NLMSG_HDRLEN + body.len()) as u32).to_ne_bytes());
+        m.extend_from_slice(&kind.to_ne_bytes());
+        m.extend_from_slice(&0u16.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(body);
+        m.resize(align(m.len()), 0);
+        m
+    }
+
+    /// A Unix socket's answer: the fixed part, an attribute before, then its meminfo.
+    fn unix_socket(meminfo: [u32; 9]) -> Vec<u8> {
+        let mut body = vec![0u8; UNIX_DIAG_MSG_LEN];
+        // A peer attribute (type 2, one u32) first: attributes are found by type.
+        body.extend_from_slice(&8u16.to_ne_bytes());
+        body.extend_from_slice(&2u16.to_ne_bytes());
+        body.extend_from_slice(&7u32.to_ne_bytes());
+        body.extend_from_slice(&(4 + 36u16).to_ne_bytes());
+        body.extend_from_slice(&UNIX_DIAG_MEMINFO.to_ne_bytes());
+        for v in meminfo {
+            body.extend_from_slice(&v.to_ne_bytes());
+        }
+        body
+    }
+
+    #[test]
+    fn a_socket_holds_its_queues_backlog_sent_buffers_and_ancillary_memory() {
+        // rmem, rcvbuf, wmem, sndbuf, fwd_alloc, wmem_queued, optmem, backlog, drops.
+        let info = [1000, 9_000_000, 200, 9_000_000, 77_777, 30, 4, 5, 99];
+        let body = unix_socket(info);
+        assert_eq!(
+            held_bytes(&body[UNIX_DIAG_MSG_LEN..], UNIX_DIAG_MEMINFO),
+            1000 + 200 + 30 + 4 + 5
+        );
+        // No memory attribute, or a broken one: nothing.
+        assert_eq!(held_bytes(&body[UNIX_DIAG_MSG_LEN..], 9), 0);
+        assert_eq!(held_bytes(&[3, 0, 5, 0], UNIX_DIAG_MEMINFO), 0);
+    }
+
+    #[test]
+    fn an_answer_is_summed_until_done_and_a_refusal_or_garbage_fails() {
+        let mut answer = message(
+            SOCK_DIAG_BY_FAMILY,
+            7,
+            &unix_socket([0, 0, 500, 0, 0, 0, 0, 0, 0]),
+        );
+        // A message left from an earlier request is not ours.
+        answer.extend(message(
+            SOCK_DIAG_BY_FAMILY,
+            6,
+            &unix_socket([0, 0, 1 << 30, 0, 0, 0, 0, 0, 0]),
+        ));
+        answer.extend(message(
+            SOCK_DIAG_BY_FAMILY,
+            7,
+            &unix_socket([0, 0, 20, 0, 0, 0, 0, 0, 0]),
+        ));
+        let mut listed = Listed::default();
+        assert_eq!(
+            fold_answer(Dump::Unix, 7, &answer, &mut listed),
+            Batch::More
+        );
+        assert_eq!(
+            listed,
+            Listed {
+                sockets: 2,
+                bytes: 520
+            }
+        );
+        let done = message(NLMSG_DONE, 7, &[0; 4]);
+        assert_eq!(fold_answer(Dump::Unix, 7, &done, &mut listed), Batch::Done);
+        let refused = message(NLMSG_ERROR, 7, &(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(
+            fold_answer(Dump::Unix, 7, &refused, &mut listed),
+            Batch::Refused
+        );
+        // Shorter than its own fixed part, or a length past the data.
+        let short = message(SOCK_DIAG_BY_FAMILY, 7, &[0; 8]);
+        assert_eq!(
+            fold_answer(Dump::Unix, 7, &short, &mut listed),
+            Batch::Refused
+        );
+        let mut cut = message(SOCK_DIAG_BY_FAMILY, 7, &unix_socket([0; 9]));
+        cut.truncate(30);
+        assert_eq!(
+            fold_answer(Dump::Unix, 7, &cut, &mut listed),
+            Batch::Refused
+        );
+    }
+
+    const PROTOCOLS: &str = "protocol  size sockets  memory press maxhdr  slab module\n\
+        UNIX-STREAM 1152      5      -1   NI       0   yes  kernel\n\
+        UNIX      1152      2      -1   NI       0   yes  kernel\n\
+        TCP       2304      1     326   no     320   yes  kernel\n\
+        NETLINK   1096      1      -1   NI       0   no   kernel\n\
+        PING      1016      0      -1   NI       0   yes  kernel\n";
+
+    #[test]
+    fn sockets_no_dump_lists_count_at_their_worst_case() {
+        let before = in_use(PROTOCOLS);
+        assert_eq!(before["UNIX-STREAM"], 5);
+        assert_eq!(before["TCP"], 1);
+        let listed = |unix: u64, tcp: Option<u64>| {
+            vec![
+                (
+                    Dump::Unix,
+                    Some(Listed {
+                        sockets: unix,
+                        bytes: 0,
+                    }),
+                ),
+                (DUMPS[1].0, tcp.map(|sockets| Listed { sockets, bytes: 0 })),
+            ]
+        };
+        // Every socket listed, the counter's own netlink socket aside: nothing more.
+        assert_eq!(
+            unlisted_bytes(&before, &before, &listed(7, Some(1)), 1, 10),
+            0
+        );
+        // Two Unix sockets closed with their bytes still queued, and a refused TCP dump.
+        assert_eq!(
+            unlisted_bytes(&before, &before, &listed(5, None), 1, 10),
+            30
+        );
+        // A socket of a protocol no dump lists, and one more netlink socket than ours.
+        let mut more = before.clone();
+        more.insert("PING".into(), 1);
+        more.insert("NETLINK".into(), 2);
+        assert_eq!(unlisted_bytes(&more, &more, &listed(7, Some(1)), 1, 10), 20);
+        // A socket freed between the two readings is no phantom.
+        let after = in_use(&PROTOCOLS.replace("      5 ", "      4 "));
+        assert_eq!(
+            unlisted_bytes(&before, &after, &listed(6, Some(1)), 1, 10),
+            0
+        );
+    }
+
+    /// Against the kernel, in a network namespace of the test's own: queued bytes are counted,
+    /// and stay counted (at the worst case) once their sender is closed.
+    #[test]
+    fn the_kernel_shows_queued_bytes_and_the_sockets_it_no_longer_lists() {
+        if !nix::unistd::Uid::effective().is_root() {
+            forkbox_testkit::skipped(
+                "a network namespace of its own needs root for this unit test",
+            );
+            return;
+        }
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            // The thread's own view: `/proc/self/net` shows the process's namespace.
+            let mut count = SocketCount::new(Path::new("/proc/thread-self"));
+            let (per_socket, idle) = (count.per_socket, count.used_bytes());
+            assert!(idle < 4096, "{idle} bytes in a new namespace");
+            let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+            (&a).write_all(&[7u8; 100_000]).unwrap();
+            let queued = count.used_bytes();
+            assert!(
+                (100_000..per_socket).contains(&queued),
+                "{queued} bytes counted"
+            );
+            drop(a);
+            let behind = count.used_bytes();
+            assert!(
+                behind >= per_socket,
+                "{behind} bytes counted for a closed sender"
+            );
+            drop(b);
+            assert!(count.used_bytes() < 4096);
+        })
+        .join()
+        .unwrap();
+    }
+}
