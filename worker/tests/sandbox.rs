@@ -1081,8 +1081,63 @@ fn socket_buffers_count_in_the_memory_limit() {
     }
 }
 
-/// A job that uses a few sockets the ordinary way is not stopped by their count: pairs and a
-/// TCP connection carrying a few MiB each way, and a sender closed before its peer read all.
+/// Holds 80 MiB of heap, then parks memory in pipes: grown to 1 MiB each (`F_SETPIPE_SZ`)
+/// while the host user's pipes allow it, at their default size after, each filled; prints
+/// `T <MiB>` as it goes and `done <MiB>` at the end.
+const PIPE_HOG: &str = r#"
+import fcntl, os, time
+heap = bytearray(80 << 20)
+for i in range(0, len(heap), 4096): heap[i] = 1
+kept, total = [], 0
+for i in range(200):
+    r, w = os.pipe()
+    try: fcntl.fcntl(w, 1031, 1 << 20)
+    except OSError: pass
+    os.set_blocking(w, False)
+    try:
+        while True: total += os.write(w, b"x" * 65536)
+    except BlockingIOError: pass
+    kept.append((r, w))
+    print("T", total >> 20, flush=True)
+print("done", total >> 20, flush=True)
+time.sleep(1)
+"#;
+
+/// Pipe buffers count in the memory budget without cgroups: a job with 80 MiB of heap that
+/// fills pipes to 48 MiB and more ends as `memory_limit` under 128 MiB. Before, it ran to the
+/// end with 64 MiB in pipes (`ok`). The host user's pipes are shared with every sandbox of
+/// the host: when they leave this job less than 48 MiB, it proves nothing and is skipped.
+#[test]
+fn pipe_buffers_count_in_the_memory_limit() {
+    for who in identities() {
+        let opts = [
+            "--memory-mb",
+            "128",
+            "--open-files",
+            "512",
+            "--timeout-ms",
+            "60000",
+        ];
+        let ran = python_prog(who, &opts, PIPE_HOG);
+        let out = ran.stdout();
+        if ran.status() == "ok" && touched_mib(out) < 48 {
+            forkbox_testkit::skipped("the host user's pipe pages are taken by other sandboxes");
+            continue;
+        }
+        assert!(
+            !out.contains("done"),
+            "{who:?}: ran to the end: {}",
+            ran.json
+        );
+        assert_eq!(ran.status(), "memory_limit", "{who:?}: {}", ran.json);
+        let peak_kb = ran.json["max_rss_kb"].as_u64().unwrap();
+        assert!(peak_kb >= 128 * 1024, "{who:?}: peak {peak_kb} KiB");
+    }
+}
+
+/// A job that uses a few sockets and pipes the ordinary way is not stopped by their count:
+/// pairs and a TCP connection carrying a few MiB each way, a sender closed before its peer
+/// read all, and a shell pipeline.
 #[test]
 fn a_job_using_a_few_sockets_runs_under_the_memory_limit() {
     let program = r#"
@@ -1100,13 +1155,16 @@ got = b"".join(iter(lambda: b.recv(65536), b"")); total += len(got)
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(1)
 c = socket.socket(); c.connect(srv.getsockname()); s, _ = srv.accept()
 total += echo(c, s, 8 << 20)
+import subprocess
+piped = subprocess.run("head -c 20000000 /dev/zero | cat | wc -c", shell=True, capture_output=True)
+total += int(piped.stdout)
 print("moved", total)
 "#;
     for who in identities() {
         let opts = ["--memory-mb", "128", "--network", "loopback"];
         let ran = python_prog(who, &opts, program);
         assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.json);
-        let moved = (4 << 20) * 4 + 100_000 + (8 << 20);
+        let moved = (4 << 20) * 4 + 100_000 + (8 << 20) + 20_000_000;
         assert_eq!(
             ran.stdout(),
             format!("moved {moved}\n"),

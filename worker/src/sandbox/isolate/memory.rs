@@ -22,14 +22,15 @@
 //! `MAP_SHARED` with `MAP_ANONYMOUS`), so what is left for this budget to catch is the
 //! indirect ones.
 //!
-//! The sandbox's sockets count too (`sockets`): what their queues hold is in no process's
-//! files, and a job can park gigabytes there. Past the budget, the sum is taken again and the
+//! The sandbox's sockets and pipes count too (`sockets`, `pipes`): what their buffers hold is
+//! in no process's memory, and a job can park gigabytes there. Past the budget, the sum is taken again and the
 //! lower of the two counts, so that a socket freed between two steps of one reading (which
 //! counts at its worst case for that reading) kills nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::pipes::PipeCount;
 use super::procfs::{self, field_kb};
 use super::sockets::SocketCount;
 
@@ -46,8 +47,9 @@ pub struct MemoryBudget {
     limit_kb: u64,
     proc: PathBuf,
     peak_kb: u64,
-    /// The sockets of the sandbox's network namespace, when they are counted.
-    sockets: Option<SocketCount>,
+    /// The sockets of the sandbox's network namespace and the pipes its processes hold, when
+    /// they are counted.
+    buffers: Option<(SocketCount, PipeCount)>,
 }
 
 impl MemoryBudget {
@@ -57,15 +59,15 @@ impl MemoryBudget {
             limit_kb: limit_mb.saturating_mul(1024),
             proc: proc.to_owned(),
             peak_kb: 0,
-            sockets: None,
+            buffers: None,
         }
     }
 
     /// The same budget counting also the sockets of the caller's network namespace (the
-    /// sandbox's, for its init), which `proc` must show.
-    pub fn with_sockets(limit_mb: u64, proc: &Path) -> MemoryBudget {
+    /// sandbox's, for its init), which `proc` must show, and the pipes of its processes.
+    pub fn with_buffers(limit_mb: u64, proc: &Path) -> MemoryBudget {
         MemoryBudget {
-            sockets: Some(SocketCount::new(proc)),
+            buffers: Some((SocketCount::new(proc), PipeCount::new(proc))),
             ..MemoryBudget::new(limit_mb, proc)
         }
     }
@@ -100,8 +102,10 @@ impl MemoryBudget {
             let rollup = process.read("smaps_rollup");
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
-        let sockets = self.sockets.as_mut().map_or(0, SocketCount::used_bytes);
-        kb.saturating_add(sockets.div_ceil(1024))
+        let buffers = self.buffers.as_mut().map_or(0, |(sockets, pipes)| {
+            sockets.used_bytes().saturating_add(pipes.used_bytes())
+        });
+        kb.saturating_add(buffers.div_ceil(1024))
     }
 
     /// How long until the budget could be used up, `None` once it is.

@@ -15,6 +15,7 @@ pub(crate) mod ipc;
 pub(crate) mod limits;
 pub(crate) mod memory;
 pub(crate) mod netns;
+pub(crate) mod pipes;
 pub(crate) mod procfs;
 pub(crate) mod rootfs;
 pub(crate) mod seccomp;

@@ -1,0 +1,125 @@
+//! The memory a sandbox's pipes hold, counted by its init for the memory budget (`memory`)
+//! where no cgroup charges it.
+//!
+//! The kernel charges pipe buffers to the host user that made them (`fs.pipe-user-pages-soft`
+//! and `-hard`, global, not per namespace), and every sandbox of a node runs as the same host
+//! user; no `/proc/<pid>` file shows what a pipe holds. So the init looks at every descriptor
+//! of every process of its pid namespace: each one that is a pipe or a FIFO (`S_IFIFO`, seen
+//! once however many descriptors name it) it takes a copy of with `pidfd_getfd` (it is root of
+//! the sandbox's user namespace and an ancestor of every process, so the kernel's ptrace check
+//! lets it) and asks for its capacity (`F_GETPIPE_SZ`) and what waits in it (`FIONREAD`). A
+//! pipe with bytes in it counts its whole capacity (a page per write is possible, with
+//! `O_DIRECT`: the bytes alone would undercount), an empty one the page the kernel keeps for
+//! the next write. A pipe that cannot be asked counts at `fs.pipe-max-size`, the most an
+//! unprivileged process can give one (fail closed).
+//!
+//! What it cannot see: a pipe that no process holds, in flight in a Unix socket's queue
+//! (`SCM_RIGHTS`). The kernel bounds descriptors in flight per host user by the sender's
+//! `RLIMIT_NOFILE` (the job's `open_files`), and a pipe grows past its default 16 pages only
+//! while the host user's pipes hold less than `fs.pipe-user-pages-soft` (2 pages each beyond
+//! it), so what hides there is at most that much.
+
+use std::collections::HashSet;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg};
+use nix::sys::stat::stat;
+
+use super::procfs;
+use crate::sandbox::kernel::sys;
+
+/// What an empty pipe keeps: one page, for its next write.
+const PAGE: u64 = 4096;
+
+/// Counts the pipes the processes of a sandbox hold.
+#[derive(Debug)]
+pub struct PipeCount {
+    proc: PathBuf,
+    /// The most one pipe can hold, in bytes.
+    largest: u64,
+}
+
+/// What one pipe holds, from its capacity and its queued bytes, or the worst case when it
+/// could not be asked.
+fn pipe_bytes(asked: Result<(u64, u64), Errno>, largest: u64) -> u64 {
+    match asked {
+        Ok((_, 0)) => PAGE,
+        Ok((capacity, _)) => capacity,
+        // Closed, or its process gone, since the listing: it holds nothing of this process.
+        Err(Errno::EBADF | Errno::ESRCH) => 0,
+        Err(_) => largest,
+    }
+}
+
+impl PipeCount {
+    /// A count of the pipes of the processes listed in `proc` (the sandbox's own `/proc`).
+    pub fn new(proc: &Path) -> PipeCount {
+        let largest = std::fs::read_to_string(proc.join("sys/fs/pipe-max-size"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            // Unreadable: the kernel's default maximum (fail closed would be no bound at all).
+            .unwrap_or(1 << 20);
+        PipeCount {
+            proc: proc.to_owned(),
+            largest,
+        }
+    }
+
+    /// What the pipes of every process but the caller hold, in bytes.
+    pub fn used_bytes(&self) -> u64 {
+        let me = std::process::id();
+        let mut seen = HashSet::new();
+        let mut bytes = 0u64;
+        for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
+            let fds = self.proc.join(process.pid.to_string()).join("fd");
+            let mut pidfd: Option<Result<OwnedFd, Errno>> = None;
+            for entry in std::fs::read_dir(&fds).into_iter().flatten().flatten() {
+                let Some(fd) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<RawFd>().ok())
+                else {
+                    continue;
+                };
+                // The descriptor's own file (the link followed): a pipe's inode, or a FIFO's.
+                let Ok(st) = stat(&entry.path()) else {
+                    continue;
+                };
+                if st.st_mode & libc::S_IFMT != libc::S_IFIFO
+                    || !seen.insert((st.st_dev, st.st_ino))
+                {
+                    continue;
+                }
+                let pidfd = pidfd.get_or_insert_with(|| sys::pidfd_open(process.pid));
+                bytes = bytes.saturating_add(pipe_bytes(ask(pidfd, fd), self.largest));
+            }
+        }
+        bytes
+    }
+}
+
+/// The capacity of descriptor `fd` of the process behind `pidfd`, a pipe, and what waits in it.
+fn ask(pidfd: &Result<OwnedFd, Errno>, fd: RawFd) -> Result<(u64, u64), Errno> {
+    let pidfd = pidfd.as_ref().map_err(|e| *e)?;
+    let pipe = sys::pidfd_getfd(pidfd, fd)?;
+    let capacity = fcntl(pipe.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)?;
+    Ok((capacity.max(0) as u64, sys::pipe_queued(&pipe)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pipe_counts_its_capacity_once_it_holds_bytes() {
+        assert_eq!(pipe_bytes(Ok((1 << 20, 1)), 1 << 20), 1 << 20);
+        assert_eq!(pipe_bytes(Ok((65536, 65536)), 1 << 20), 65536);
+        assert_eq!(pipe_bytes(Ok((65536, 0)), 1 << 20), PAGE);
+        // Gone since the listing: nothing; not to be asked: the worst case.
+        assert_eq!(pipe_bytes(Err(Errno::EBADF), 1 << 20), 0);
+        assert_eq!(pipe_bytes(Err(Errno::ESRCH), 1 << 20), 0);
+        assert_eq!(pipe_bytes(Err(Errno::EPERM), 1 << 20), 1 << 20);
+    }
+}
