@@ -4,8 +4,8 @@
 //! The kernel charges pipe buffers to the host user that made them (`fs.pipe-user-pages-soft`
 //! and `-hard`, global, not per namespace), and every sandbox of a node runs as the same host
 //! user; no `/proc/<pid>` file shows what a pipe holds. So the init looks at every descriptor
-//! of every process of its pid namespace: each one that is a pipe or a FIFO (`S_IFIFO`, seen
-//! once however many descriptors name it) it takes a copy of with `pidfd_getfd` (it is root of
+//! of every process of its pid namespace (at most every [`RESCAN`]): each one that is a pipe or
+//! a FIFO (seen once however many descriptors name it) it takes a copy of with `pidfd_getfd` (it is root of
 //! the sandbox's user namespace and an ancestor of every process, so the kernel's ptrace check
 //! lets it) and asks for its capacity (`F_GETPIPE_SZ`) and what waits in it (`FIONREAD`). A
 //! pipe with bytes in it counts its whole capacity (a page per write is possible, with
@@ -22,6 +22,7 @@
 use std::collections::HashSet;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg};
@@ -32,6 +33,10 @@ use crate::sandbox::kernel::sys;
 
 /// What an empty pipe keeps: one page, for its next write.
 const PAGE: u64 = 4096;
+/// How long one walk's figure stands. A walk costs a `readlink` per descriptor of the
+/// sandbox (and four calls per pipe), so it is not made at every check of the budget: what a
+/// job can put in pipes is bounded anyway (see above), unlike what it can put in sockets.
+pub const RESCAN: Duration = Duration::from_millis(100);
 
 /// Counts the pipes the processes of a sandbox hold.
 #[derive(Debug)]
@@ -39,6 +44,8 @@ pub struct PipeCount {
     proc: PathBuf,
     /// The most one pipe can hold, in bytes.
     largest: u64,
+    /// When the last walk was made, and what it found.
+    last: Option<(Instant, u64)>,
 }
 
 /// What one pipe holds, from its capacity and its queued bytes, or the worst case when it
@@ -64,11 +71,24 @@ impl PipeCount {
         PipeCount {
             proc: proc.to_owned(),
             largest,
+            last: None,
         }
     }
 
-    /// What the pipes of every process but the caller hold, in bytes.
-    pub fn used_bytes(&self) -> u64 {
+    /// What the pipes of every process but the caller hold, in bytes; the figure of the last
+    /// walk while it is younger than [`RESCAN`].
+    pub fn used_bytes(&mut self) -> u64 {
+        match self.last {
+            Some((at, bytes)) if at.elapsed() < RESCAN => bytes,
+            _ => {
+                let bytes = self.walk();
+                self.last = Some((Instant::now(), bytes));
+                bytes
+            }
+        }
+    }
+
+    fn walk(&self) -> u64 {
         let me = std::process::id();
         let mut seen = HashSet::new();
         let mut bytes = 0u64;
@@ -83,13 +103,13 @@ impl PipeCount {
                 else {
                     continue;
                 };
-                // The descriptor's own file (the link followed): a pipe's inode, or a FIFO's.
-                let Ok(st) = stat(&entry.path()) else {
+                let Some(pipe) = std::fs::read_link(entry.path())
+                    .ok()
+                    .and_then(|target| pipe_of(&target, &entry.path()))
+                else {
                     continue;
                 };
-                if st.st_mode & libc::S_IFMT != libc::S_IFIFO
-                    || !seen.insert((st.st_dev, st.st_ino))
-                {
+                if !seen.insert(pipe) {
                     continue;
                 }
                 let pidfd = pidfd.get_or_insert_with(|| sys::pidfd_open(process.pid));
@@ -98,6 +118,31 @@ impl PipeCount {
         }
         bytes
     }
+}
+
+/// Which pipe a descriptor is, from its link's `target`: `pipe:[<inode>]` for a pipe; for a
+/// path, the file it names when that is a FIFO (the link `fd` followed); `None` for
+/// anything else (sockets, anonymous inodes, files), which no `stat` is spent on.
+fn pipe_of(target: &Path, fd: &Path) -> Option<Pipe> {
+    let text = target.as_os_str().to_str().unwrap_or("");
+    if let Some(inode) = text
+        .strip_prefix("pipe:[")
+        .and_then(|r| r.strip_suffix(']'))
+    {
+        return inode.parse().ok().map(Pipe::Anonymous);
+    }
+    if !target.is_absolute() {
+        return None;
+    }
+    let st = stat(fd).ok()?;
+    (st.st_mode & libc::S_IFMT == libc::S_IFIFO).then_some(Pipe::Named(st.st_dev, st.st_ino))
+}
+
+/// A pipe, seen once however many descriptors name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Pipe {
+    Anonymous(u64),
+    Named(u64, u64),
 }
 
 /// The capacity of descriptor `fd` of the process behind `pidfd`, a pipe, and what waits in it.
@@ -121,5 +166,61 @@ mod tests {
         assert_eq!(pipe_bytes(Err(Errno::EBADF), 1 << 20), 0);
         assert_eq!(pipe_bytes(Err(Errno::ESRCH), 1 << 20), 0);
         assert_eq!(pipe_bytes(Err(Errno::EPERM), 1 << 20), 1 << 20);
+    }
+
+    #[test]
+    fn pipes_and_fifos_are_known_by_their_inode_and_nothing_else_is_stat_ed() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = Path::new("/nonexistent");
+        assert_eq!(
+            pipe_of(Path::new("pipe:[4242]"), none),
+            Some(Pipe::Anonymous(4242))
+        );
+        assert_eq!(pipe_of(Path::new("socket:[4242]"), none), None);
+        assert_eq!(pipe_of(Path::new("anon_inode:[eventfd]"), none), None);
+        assert_eq!(pipe_of(Path::new("pipe:[x]"), none), None);
+        let fifo = dir.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let st = stat(&fifo).unwrap();
+        assert_eq!(
+            pipe_of(&fifo, &fifo),
+            Some(Pipe::Named(st.st_dev, st.st_ino))
+        );
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").unwrap();
+        assert_eq!(pipe_of(&file, &file), None);
+    }
+
+    /// What the pipes of a `sleep` with this stdio hold.
+    fn counted(stdio: [std::process::Stdio; 3]) -> u64 {
+        let [stdin, stdout, stderr] = stdio;
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(stdin)
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let proc = tempfile::tempdir().unwrap();
+        let pid = child.id().to_string();
+        std::os::unix::fs::symlink(Path::new("/proc").join(&pid), proc.path().join(&pid)).unwrap();
+        let counted = PipeCount::new(proc.path()).used_bytes();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        counted
+    }
+
+    /// Against the kernel: a child holding a pipe with a byte in it (twice, as stdin and as
+    /// stdout) counts that pipe's capacity once; an empty one, a page; beside what a child
+    /// without them holds (what the test harness lets it inherit).
+    #[test]
+    fn a_process_s_pipes_count_once_each() {
+        use std::process::Stdio;
+        let alone = counted([Stdio::null(), Stdio::null(), Stdio::null()]);
+        let (r, w) = nix::unistd::pipe().unwrap();
+        nix::unistd::write(&w, b"x").unwrap();
+        let (empty_r, _empty_w) = nix::unistd::pipe().unwrap();
+        let held = counted([Stdio::from(r), Stdio::from(w), Stdio::from(empty_r)]);
+        assert_eq!(held - alone, 65536 + PAGE);
     }
 }
