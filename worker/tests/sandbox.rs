@@ -1789,6 +1789,9 @@ async fn no_network_namespace_is_handed_to_a_second_sandbox() {
 /// table of `/proc/net` before and after `extra`. Addresses and inode numbers are left out
 /// (a new namespace's kernel sockets differ in them alone), and so are figures that are
 /// machine-wide (`softnet_stat`, the protocols' memory, TCP's allocated and orphaned sockets).
+/// The init's own `NETLINK_SOCK_DIAG` socket (protocol 4, port 1: its memory budget's, made at
+/// its first check, so there or not yet when the job looks) is left out of the netlink table,
+/// of the netlink sockets of `protocols` and of the sockets `sockstat` says are used.
 fn none_probe(extra: &str) -> Job {
     let program = format!(
         r#"import array, json, os, re, socket, time
@@ -1807,10 +1810,11 @@ def tables():
             lines = [' '.join(l.split()[1:6] + l.split()[7:]) for l in lines]
         elif name == 'netlink':
             lines = [' '.join(l.split()[1:-1]) for l in lines]
+            lines = [l for l in lines if not l.startswith('4 1 ')]
         elif name == 'sockstat':
-            lines = [re.sub(r' (orphan|alloc|mem) \d+', '', l) for l in lines]
+            lines = [re.sub(r' (orphan|alloc|mem|used) \d+', '', l) for l in lines]
         elif name == 'protocols':
-            lines = [' '.join(l.split()[:3] + l.split()[4:]) for l in lines]
+            lines = [' '.join(l.split()[:2 if l.startswith('NETLINK') else 3] + l.split()[4:]) for l in lines]
         t[name] = lines
     return t
 def unix_lines():
