@@ -1104,9 +1104,10 @@ time.sleep(1)
 "#;
 
 /// Pipe buffers count in the memory budget without cgroups: a job with 80 MiB of heap that
-/// fills pipes to 48 MiB and more ends as `memory_limit` under 128 MiB. Before, it ran to the
-/// end with 64 MiB in pipes (`ok`). The host user's pipes are shared with every sandbox of
-/// the host: when they leave this job less than 48 MiB, it proves nothing and is skipped.
+/// fills pipes to 48 MiB and more, then waits a second, ends as `memory_limit` under 128 MiB.
+/// Before, it ran to the end with 64 MiB in pipes (`ok`). The host user's pipes are shared
+/// with every sandbox of the host: when they leave this job less than 48 MiB, it proves
+/// nothing and is skipped.
 #[test]
 fn pipe_buffers_count_in_the_memory_limit() {
     for who in identities() {
@@ -1124,11 +1125,8 @@ fn pipe_buffers_count_in_the_memory_limit() {
             forkbox_testkit::skipped("the host user's pipe pages are taken by other sandboxes");
             continue;
         }
-        assert!(
-            !out.contains("done"),
-            "{who:?}: ran to the end: {}",
-            ran.json
-        );
+        // Pipes are walked at most every 100 ms: the job may finish filling them (and say
+        // `done`) before a walk sees them; it must not outlive the next one.
         assert_eq!(ran.status(), "memory_limit", "{who:?}: {}", ran.json);
         let peak_kb = ran.json["max_rss_kb"].as_u64().unwrap();
         assert!(peak_kb >= 128 * 1024, "{who:?}: peak {peak_kb} KiB");
