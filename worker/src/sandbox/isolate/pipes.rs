@@ -150,11 +150,15 @@ enum Pipe {
 }
 
 /// The capacity of descriptor `fd` of the process behind `pidfd`, a pipe, and what waits in it.
+/// A descriptor that is no pipe any more (the process put something else at its number since
+/// its link was read) is not gone: it counts at the worst case.
 fn ask(pidfd: &Result<OwnedFd, Errno>, fd: RawFd) -> Result<(u64, u64), Errno> {
     let pidfd = pidfd.as_ref().map_err(|e| *e)?;
     let pipe = sys::pidfd_getfd(pidfd, fd)?;
-    let capacity = fcntl(pipe.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)?;
-    Ok((capacity.max(0) as u64, sys::pipe_queued(&pipe)?))
+    let not_gone = |e: Errno| if e == Errno::EBADF { Errno::EINVAL } else { e };
+    let capacity = fcntl(pipe.as_raw_fd(), FcntlArg::F_GETPIPE_SZ).map_err(not_gone)?;
+    let queued = sys::pipe_queued(&pipe).map_err(not_gone)?;
+    Ok((capacity.max(0) as u64, queued))
 }
 
 #[cfg(test)]

@@ -27,7 +27,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::sys::socket::{
-    recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol, SockType,
+    connect, recvfrom, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag,
+    SockProtocol, SockType,
 };
 
 /// `SOCK_DIAG_BY_FAMILY`, the request of every dump.
@@ -284,13 +285,16 @@ impl SocketCount {
     /// A count of the sockets of the caller's network namespace; `proc` is a `/proc` that shows
     /// it (the init's own).
     pub fn new(proc: &Path) -> SocketCount {
+        // Connected to the kernel: the kernel then refuses whatever another socket (a job's,
+        // with a network) sends it, so no answer can be forged.
         let diag = socket(
             AddressFamily::Netlink,
             SockType::Raw,
             SockFlag::SOCK_CLOEXEC,
             SockProtocol::NetlinkSockDiag,
         )
-        .ok();
+        .ok()
+        .filter(|fd| connect(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).is_ok());
         let sysctl = |name: &str| -> Option<u64> {
             std::fs::read_to_string(proc.join("sys/net/core").join(name))
                 .ok()?
@@ -352,7 +356,11 @@ impl SocketCount {
         let mut listed = Listed::default();
         let mut buf = vec![0u8; 64 << 10];
         loop {
-            let n = recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).ok()?;
+            let (n, from) = recvfrom::<NetlinkAddr>(fd.as_raw_fd(), &mut buf).ok()?;
+            // Only the kernel's answers count (port 0).
+            if from.is_none_or(|a| a.pid() != 0) {
+                return None;
+            }
             match fold_answer(dump, self.seq, &buf[..n], &mut listed) {
                 Batch::More if n > 0 => {}
                 Batch::Done => return Some(listed),
@@ -539,6 +547,36 @@ mod tests {
             );
             drop(b);
             assert!(count.used_bytes() < 4096);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Another socket of the namespace (a job's, with a network) cannot slip the counter a
+    /// forged answer: the kernel refuses to deliver it.
+    #[test]
+    fn no_other_socket_can_send_the_counter_an_answer() {
+        if !nix::unistd::Uid::effective().is_root() {
+            forkbox_testkit::skipped(
+                "a network namespace of its own needs root for this unit test",
+            );
+            return;
+        }
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let count = SocketCount::new(Path::new("/proc/thread-self"));
+            let diag = count.diag.as_ref().expect("a sock_diag socket");
+            let port: NetlinkAddr = nix::sys::socket::getsockname(diag.as_raw_fd()).unwrap();
+            let forger = socket(
+                AddressFamily::Netlink,
+                SockType::Raw,
+                SockFlag::SOCK_CLOEXEC,
+                SockProtocol::NetlinkSockDiag,
+            )
+            .unwrap();
+            let done = message(NLMSG_DONE, 1, &[0; 4]);
+            let sent = sendto(forger.as_raw_fd(), &done, &port, MsgFlags::empty());
+            assert_eq!(sent, Err(nix::errno::Errno::ECONNREFUSED));
         })
         .join()
         .unwrap();
