@@ -23,9 +23,11 @@
 //! indirect ones.
 //!
 //! The sandbox's sockets and pipes count too (`sockets`, `pipes`): what their buffers hold is
-//! in no process's memory, and a job can park gigabytes there. Past the budget, the sum is taken again and the
-//! lower of the two counts, so that a socket freed between two steps of one reading (which
-//! counts at its worst case for that reading) kills nothing.
+//! in no process's memory, and a job can park gigabytes there. They are asked only while the
+//! processes alone are within the budget, so a job past it by its processes is killed no later
+//! than before; past it with them, everything is read again and the lower sum counts, so that
+//! a socket freed between two steps of one reading (which then counts at its worst case)
+//! kills nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -78,20 +80,26 @@ impl MemoryBudget {
     }
 
     /// The memory, in KiB, that the processes of the sandbox hold now, the calling process's
-    /// own excepted, and its sockets where they are counted. Past the budget it is read
-    /// again and the lower sum counts.
+    /// own excepted, and its sockets and pipes where they are counted. Past the budget by the
+    /// processes alone, the buffers are not asked (the kill comes sooner); past it with them,
+    /// everything is read again and the lower sum counts.
     pub fn used_kb(&mut self) -> u64 {
-        let first = self.read_kb();
-        let kb = if first >= self.limit_kb {
-            first.min(self.read_kb())
+        let processes = self.processes_kb();
+        let kb = if processes >= self.limit_kb || self.buffers.is_none() {
+            processes
         } else {
-            first
+            let first = processes.saturating_add(self.buffers_kb());
+            if first >= self.limit_kb {
+                first.min(self.processes_kb().saturating_add(self.buffers_kb()))
+            } else {
+                first
+            }
         };
         self.peak_kb = self.peak_kb.max(kb);
         kb
     }
 
-    fn read_kb(&mut self) -> u64 {
+    fn processes_kb(&self) -> u64 {
         let me = std::process::id();
         let mut kb = 0u64;
         for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
@@ -102,10 +110,14 @@ impl MemoryBudget {
             let rollup = process.read("smaps_rollup");
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
-        let buffers = self.buffers.as_mut().map_or(0, |(sockets, pipes)| {
+        kb
+    }
+
+    fn buffers_kb(&mut self) -> u64 {
+        let bytes = self.buffers.as_mut().map_or(0, |(sockets, pipes)| {
             sockets.used_bytes().saturating_add(pipes.used_bytes())
         });
-        kb.saturating_add(buffers.div_ceil(1024))
+        bytes.div_ceil(1024)
     }
 
     /// How long until the budget could be used up, `None` once it is.
