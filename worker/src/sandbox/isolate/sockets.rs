@@ -325,9 +325,10 @@ impl SocketCount {
             .iter()
             .map(|(dump, names)| {
                 let sockets: u64 = names.iter().filter_map(|n| before.get(*n)).sum();
-                // The counter's own netlink socket alone needs no dump.
+                // The counter's own netlink socket alone needs no dump. With no count to go
+                // by (`protocols` unreadable), every dump is made.
                 let mine = if *dump == Dump::Netlink { own } else { 0 };
-                let listed = if sockets > mine {
+                let listed = if sockets > mine || before.is_empty() {
                     self.dump(*dump)
                 } else {
                     Some(Listed::default())
@@ -539,6 +540,13 @@ mod tests {
                 (100_000..per_socket).contains(&queued),
                 "{queued} bytes counted"
             );
+            // Without `/proc/net/protocols` to go by, the dumps are made all the same.
+            let mut blind = SocketCount {
+                protocols: PathBuf::from("/nonexistent"),
+                ..SocketCount::new(Path::new("/proc/thread-self"))
+            };
+            assert!(blind.used_bytes() >= 100_000);
+            drop(blind);
             drop(a);
             let behind = count.used_bytes();
             assert!(
