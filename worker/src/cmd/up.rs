@@ -195,11 +195,9 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
             &redis_url,
             private_note.as_ref(),
             metrics,
+            gateway,
             args.demo,
         );
-        if let Some(addr) = gateway {
-            println!("  gateway: http://{addr}  (Piston /api/v2/execute, Judge0 /submissions, SandboxFusion /run_code)");
-        }
         let mut code = ExitCode::SUCCESS;
         if args.demo {
             let mut stop_rx = stop.subscribe();
@@ -276,6 +274,7 @@ fn print_banner(
     url: &str,
     private: Option<&PrivateRedis>,
     metrics: Option<SocketAddr>,
+    gateway: Option<SocketAddr>,
     demo: bool,
 ) {
     println!("forkbox up: worker {name} with {slots} slot(s) on queue {queue}");
@@ -290,6 +289,9 @@ fn print_banner(
     );
     if let Some(m) = metrics {
         println!("  metrics: http://{m}/metrics  (health: http://{m}/healthz)");
+    }
+    if let Some(addr) = gateway {
+        println!("  gateway: http://{addr}  (Piston /api/v2/execute, Judge0 /submissions, SandboxFusion /run_code)");
     }
     if demo {
         println!();
