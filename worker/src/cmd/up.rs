@@ -194,8 +194,7 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
             &queue,
             &redis_url,
             private_note.as_ref(),
-            metrics,
-            gateway,
+            Addresses { metrics, gateway },
             args.demo,
         );
         let mut code = ExitCode::SUCCESS;
@@ -267,16 +266,22 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Where `up` serves HTTP: the node's metrics and the gateway.
+struct Addresses {
+    metrics: Option<SocketAddr>,
+    gateway: Option<SocketAddr>,
+}
+
 fn print_banner(
     name: &str,
     slots: usize,
     queue: &str,
     url: &str,
     private: Option<&PrivateRedis>,
-    metrics: Option<SocketAddr>,
-    gateway: Option<SocketAddr>,
+    served: Addresses,
     demo: bool,
 ) {
+    let Addresses { metrics, gateway } = served;
     println!("forkbox up: worker {name} with {slots} slot(s) on queue {queue}");
     println!(
         "  redis:   {}{}",
