@@ -208,6 +208,16 @@ impl Partitioned {
         self.for_id(id).wait_result(id, timeout).await
     }
 
+    /// Waits up to `timeout` for the result of `id`, a job just enqueued (see
+    /// [`Queue::wait_new_result`]).
+    pub async fn wait_new_result(
+        &self,
+        id: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Option<JobResult>, QueueError> {
+        self.for_id(id).wait_new_result(id, timeout).await
+    }
+
     /// The stored results of `ids`, in order, each read from its partition.
     pub async fn results_of(&self, ids: &[String]) -> Result<Vec<Option<JobResult>>, QueueError> {
         let mut by_part: Vec<(Vec<usize>, Vec<String>)> =

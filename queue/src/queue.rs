@@ -265,11 +265,21 @@ enum Dedicated {
     Cluster(ClusterConnection),
 }
 
+/// What is sent on a [`Dedicated`] connection: one command, or a pipeline whose first command
+/// blocks (the others run once it answers, and their replies come back with its reply).
+#[derive(Clone, Copy)]
+enum Blocking<'a> {
+    Cmd(&'a Cmd),
+    Pipe(&'a Pipeline),
+}
+
 impl Dedicated {
-    async fn query(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        match self {
-            Dedicated::Single(c) => cmd.query_async(c).await,
-            Dedicated::Cluster(c) => cmd.query_async(c).await,
+    async fn query(&mut self, req: Blocking<'_>) -> RedisResult<Value> {
+        match (self, req) {
+            (Dedicated::Single(c), Blocking::Cmd(cmd)) => cmd.query_async(c).await,
+            (Dedicated::Cluster(c), Blocking::Cmd(cmd)) => cmd.query_async(c).await,
+            (Dedicated::Single(c), Blocking::Pipe(pipe)) => pipe.query_async(c).await,
+            (Dedicated::Cluster(c), Blocking::Pipe(pipe)) => pipe.query_async(c).await,
         }
     }
 
@@ -539,11 +549,25 @@ impl Broker {
         cmd: &redis::Cmd,
         block: Duration,
     ) -> RedisResult<redis::Value> {
+        self.blocking(Blocking::Cmd(cmd), block).await
+    }
+
+    /// [`Broker::query_blocking`] for a pipeline whose first command blocks for at most
+    /// `block` (all its keys in one slot); the replies in order, in one round trip.
+    pub(crate) async fn query_blocking_pipe(
+        &self,
+        pipe: &Pipeline,
+        block: Duration,
+    ) -> RedisResult<redis::Value> {
+        self.blocking(Blocking::Pipe(pipe), block).await
+    }
+
+    async fn blocking(&self, req: Blocking<'_>, block: Duration) -> RedisResult<redis::Value> {
         let limit = block + RESPONSE_TIMEOUT;
         self.inner.conn.trips.add(1);
         let pooled = self.inner.blocking.lock().expect("pool lock").pop();
         if let Some(mut conn) = pooled {
-            match bounded(limit, conn.query(cmd)).await {
+            match bounded(limit, conn.query(req)).await {
                 Err(e) if is_connection_error(&e) => {}
                 r => {
                     self.give_back(conn);
@@ -552,7 +576,7 @@ impl Broker {
             }
         }
         let mut conn = self.open_dedicated().await?;
-        let r = bounded(limit, conn.query(cmd)).await;
+        let r = bounded(limit, conn.query(req)).await;
         if !matches!(&r, Err(e) if is_connection_error(e)) {
             self.give_back(conn);
         }
@@ -598,7 +622,7 @@ impl Broker {
             Err(_) => None,
         };
         let r = {
-            let read = bounded(limit, conn.query(cmd));
+            let read = bounded(limit, conn.query(Blocking::Cmd(cmd)));
             tokio::pin!(read);
             tokio::select! {
                 r = &mut read => r,

@@ -1,6 +1,7 @@
 //! The ACL roles of docs/operations.md ("ACL roles"), read from that page, against a real
 //! redis-server whose users are exactly those lines: what a worker, a submitter and a monitor
-//! can do, and what Redis refuses them with `NOPERM`.
+//! can do, and what Redis refuses them with `NOPERM`. (The gateway role's work is run end to
+//! end by `worker/tests/gateway_redis.rs`; here, what it is refused.)
 
 use std::time::Duration;
 
@@ -24,13 +25,14 @@ fn acl_lines() -> Vec<String> {
                 .replace(">WORKER_PASSWORD", ">pw-worker")
                 .replace(">SUBMITTER_PASSWORD", ">pw-submitter")
                 .replace(">MONITOR_PASSWORD", ">pw-monitor")
+                .replace(">GATEWAY_PASSWORD", ">pw-gateway")
         })
         .collect();
-    assert_eq!(lines.len(), 3, "three roles on the page: {lines:?}");
+    assert_eq!(lines.len(), 4, "four roles on the page: {lines:?}");
     lines
 }
 
-/// A server with the three users and an admin (`default` with password `admin`).
+/// A server with the four users and an admin (`default` with password `admin`).
 fn server() -> RedisServer {
     // Redis reads the file at start only.
     let dir = tempfile::tempdir().unwrap();
@@ -237,6 +239,41 @@ async fn each_role_can_do_its_work_and_nothing_else() {
     refused(&mut wc, redis::cmd("GET").arg("forkbox:{other}:result:x")).await;
     refused(&mut wc, &mut redis::cmd("FLUSHALL")).await;
     refused(&mut wc, redis::cmd("KEYS").arg("*")).await;
+
+    // The gateway keeps its own keys, and is refused what the submitter is, and batches.
+    let mut gc = raw(&server, "gateway").await;
+    let gateway_key = format!("{}gateway:judge0:x", k.prefix());
+    let kept: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(&gateway_key)
+        .arg("{}")
+        .arg("EX")
+        .arg(10)
+        .query_async(&mut gc)
+        .await;
+    kept.unwrap();
+    refused(
+        &mut gc,
+        redis::cmd("SET").arg(k.result("acl-raw")).arg("{}"),
+    )
+    .await;
+    refused(&mut gc, redis::cmd("RPUSH").arg(k.done("acl-1")).arg("ok")).await;
+    refused(
+        &mut gc,
+        redis::cmd("XACK").arg(k.jobs()).arg("workers").arg("0-1"),
+    )
+    .await;
+    refused(&mut gc, redis::cmd("DEL").arg(&gateway_key)).await;
+    refused(
+        &mut gc,
+        redis::cmd("HINCRBY").arg(k.batch("b")).arg("total").arg(1),
+    )
+    .await;
+    refused(
+        &mut gc,
+        redis::cmd("SET").arg("forkbox:{other}:gateway:x").arg("{}"),
+    )
+    .await;
+    refused(&mut gc, &mut redis::cmd("FLUSHALL")).await;
 
     // A monitor reads everything and writes nothing.
     let m = Broker::connect(&url(&server, "monitor")).await.unwrap();

@@ -222,6 +222,49 @@ async fn wait_result_wakes_several_waiters_and_times_out_cleanly() {
     assert_eq!(n, 1);
 }
 
+/// A waiter for a job it has just enqueued, woken by the completion, reads the result in the
+/// round trip that waited; one that comes after the completion finds it in its first.
+#[tokio::test]
+async fn a_new_jobs_wait_is_one_round_trip() {
+    let (srv, q) = server_and_queue(QueueConfig::default()).await;
+    let id = q.enqueue(&Job::shell("true")).await.unwrap();
+    // The waiter has a broker of its own, so its round trips are its alone.
+    let waiter = Broker::connect(&srv.url())
+        .await
+        .unwrap()
+        .queue(q.name(), QueueConfig::default())
+        .unwrap();
+    let w = {
+        let (waiter, id) = (waiter.clone(), id.clone());
+        tokio::spawn(async move { waiter.wait_new_result(&id, Duration::from_secs(30)).await })
+    };
+    // The waiter blocks before the completion (it is in Redis' blocked clients).
+    let mut c = conn(&q).await;
+    for _ in 0..500 {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        if info.contains("blocked_clients:1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let d = q.read("w", 1, 1000).await.unwrap().remove(0);
+    q.complete(&d, &ok_result(&d, "x", "w")).await.unwrap();
+    let r = w.await.unwrap().unwrap().expect("woken with the result");
+    assert_eq!(r.outcome.stdout, "x");
+    assert_eq!(waiter.broker().round_trips().get(), 1);
+    let r = waiter
+        .wait_new_result(&id, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the result at once");
+    assert_eq!(r.outcome.stdout, "x");
+    assert_eq!(waiter.broker().round_trips().get(), 2);
+}
+
 #[tokio::test]
 async fn malformed_entries_are_deliveries_that_dead_letter_with_their_reason() {
     let config = QueueConfig {

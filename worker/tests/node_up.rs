@@ -546,3 +546,82 @@ fn own_redis_is_closed_to_other_local_users() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(up.id() as i32), Signal::SIGINT).unwrap();
     assert!(up.wait().unwrap().success());
 }
+
+#[test]
+fn up_with_a_gateway_answers_each_api() {
+    let mut child = Command::new(BIN)
+        .args([
+            "up",
+            "--own-redis",
+            "--slots",
+            "1",
+            "--gateway",
+            "127.0.0.1:0",
+        ])
+        .process_group(0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut BufReader::new(stderr), &mut s).unwrap();
+        s
+    });
+    let banner = banner(&mut child);
+    let gateway: std::net::SocketAddr = banner
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("gateway: http://"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no gateway address in {banner}"));
+    gateway_offers_python(gateway);
+
+    let piston = serde_json::json!({"language": "python", "version": "*",
+        "files": [{"content": "import sys; print(sys.stdin.read().upper())"}], "stdin": "piston"});
+    let (code, v) = http_json(gateway, "POST", "/api/v2/execute", Some(&piston));
+    assert_eq!(
+        (code, &v["run"]["stdout"]),
+        (200, &serde_json::json!("PISTON\n")),
+        "{v}"
+    );
+    assert_eq!(v["run"]["code"], 0, "{v}");
+
+    let judge0 = serde_json::json!({"source_code": "print(input()[::-1])", "language_id": 71, "stdin": "0egduj"});
+    let (code, v) = http_json(gateway, "POST", "/submissions?wait=true", Some(&judge0));
+    assert_eq!(
+        (code, &v["status"]["id"], &v["stdout"]),
+        (201, &serde_json::json!(3), &serde_json::json!("judge0\n")),
+        "{v}"
+    );
+
+    let fusion = serde_json::json!({"code": "print('fusion', 6*7)", "language": "python"});
+    let (code, v) = http_json(gateway, "POST", "/run_code", Some(&fusion));
+    assert_eq!(
+        (code, &v["status"], &v["run_result"]["stdout"]),
+        (
+            200,
+            &serde_json::json!("Success"),
+            &serde_json::json!("fusion 42\n")
+        ),
+        "{v}"
+    );
+
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGINT,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "up did not stop on SIGINT");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = log.join().unwrap();
+    assert!(status.success(), "{status}; log:\n{log}");
+}

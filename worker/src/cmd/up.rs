@@ -194,12 +194,9 @@ pub fn main(args: UpArgs) -> anyhow::Result<ExitCode> {
             &queue,
             &redis_url,
             private_note.as_ref(),
-            metrics,
+            Addresses { metrics, gateway },
             args.demo,
         );
-        if let Some(addr) = gateway {
-            println!("  gateway: http://{addr}  (Piston /api/v2/execute, Judge0 /submissions, SandboxFusion /run_code)");
-        }
         let mut code = ExitCode::SUCCESS;
         if args.demo {
             let mut stop_rx = stop.subscribe();
@@ -269,15 +266,22 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
+/// Where `up` serves HTTP: the node's metrics and the gateway.
+struct Addresses {
+    metrics: Option<SocketAddr>,
+    gateway: Option<SocketAddr>,
+}
+
 fn print_banner(
     name: &str,
     slots: usize,
     queue: &str,
     url: &str,
     private: Option<&PrivateRedis>,
-    metrics: Option<SocketAddr>,
+    served: Addresses,
     demo: bool,
 ) {
+    let Addresses { metrics, gateway } = served;
     println!("forkbox up: worker {name} with {slots} slot(s) on queue {queue}");
     println!(
         "  redis:   {}{}",
@@ -290,6 +294,9 @@ fn print_banner(
     );
     if let Some(m) = metrics {
         println!("  metrics: http://{m}/metrics  (health: http://{m}/healthz)");
+    }
+    if let Some(addr) = gateway {
+        println!("  gateway: http://{addr}  (Piston /api/v2/execute, Judge0 /submissions, SandboxFusion /run_code)");
     }
     if demo {
         println!();

@@ -185,29 +185,43 @@ impl Gateway {
             .to_job(&id, self.config.staging)
             .map_err(Submitted::Invalid)?;
         job.result_ttl_s = Some(self.config.result_ttl_s);
-        job.validate()
-            .map_err(|e| Submitted::Invalid(e.to_string()))?;
+        // The enqueue validates the job (nothing is sent when it is not valid).
         self.queue
             .enqueue_idempotent(&job)
             .await
-            .map_err(|e| Submitted::Queue(e.to_string()))?;
+            .map_err(|e| match e {
+                forkbox_queue::QueueError::InvalidJob(e) => Submitted::Invalid(e.to_string()),
+                e => Submitted::Queue(e.to_string()),
+            })?;
         self.metrics.jobs().increment(1);
         Ok(id)
     }
 
     /// Waits for job `id` (running `exec`) and reads what it did; a job with no result in
-    /// time is cancelled and reported as an internal error.
+    /// time is cancelled and reported as an internal error. The wait is the job's own limits
+    /// (the compile stage's only when it has one) and the queue wait.
     async fn wait(&self, id: &str, exec: &Execution) -> Executed {
-        let own = exec.compile.timeout_ms + exec.run.timeout_ms;
+        let compile = if exec.is_staged() {
+            exec.compile.timeout_ms
+        } else {
+            0
+        };
+        let own = compile + exec.run.timeout_ms;
         let timeout = Duration::from_millis(own) + self.config.queue_wait;
-        match self.queue.wait_result(id, timeout).await {
+        match self.queue.wait_new_result(id, timeout).await {
             Ok(Some(result)) => exec::interpret(exec, self.config.staging, &result),
             Ok(None) => {
-                let _ = self.queue.cancel(id).await;
+                let cancelled = match self.queue.cancel(id).await {
+                    Ok(_) => "the job was cancelled".to_owned(),
+                    Err(e) => {
+                        tracing::warn!("cancelling job {id}, which had no result in time: {e}");
+                        format!("cancelling the job failed: {e}")
+                    }
+                };
                 Executed::Internal {
                     error: format!(
-                        "no result within {} s (is a worker serving queue {}?); the job was cancelled",
-                        timeout.as_secs(),
+                        "no result within {:.1} s (is a worker serving queue {}?); {cancelled}",
+                        timeout.as_secs_f64(),
                         self.queue.name()
                     ),
                 }

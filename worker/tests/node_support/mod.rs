@@ -198,6 +198,55 @@ pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (code, body.to_owned())
 }
 
+/// One HTTP/1.1 request with a JSON body (none when empty); the status code and the body as
+/// JSON (a JSON string when it is not JSON).
+pub fn http_json(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let value = serde_json::from_str(body).unwrap_or_else(|_| serde_json::json!(body));
+    (code, value)
+}
+
+/// Waits up to 60 s for the gateway at `addr` to offer Piston's `python`.
+pub fn gateway_offers_python(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (code, v) = http_json(addr, "GET", "/api/v2/runtimes", None);
+        if code == 200
+            && v.as_array()
+                .is_some_and(|a| a.iter().any(|l| l["language"] == "python"))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no python offered within 60 s: {code} {v}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The value of one sample line of a Prometheus text page, e.g.
 /// `forkbox_jobs_total{queue="default",status="ok"}`; labels in any order.
 pub fn metric(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
