@@ -1119,7 +1119,10 @@ mod tests {
             shared.contains("shared mapping") && shared.contains("/work/shared.bin"),
             "{shared}"
         );
-        let moved = plan_maps(&[vdso.clone()], &[vma(0x30000, 0x31000, "r-xp", "[vdso]")]);
+        let moved = plan_maps(
+            std::slice::from_ref(&vdso),
+            &[vma(0x30000, 0x31000, "r-xp", "[vdso]")],
+        );
         assert!(moved.unwrap_err().to_string().contains("[vdso]"));
     }
 
