@@ -19,6 +19,7 @@ use super::opts::SandboxOpts;
 use super::runtime;
 
 mod queue;
+mod twin;
 
 #[derive(Debug, Args)]
 pub struct BenchCmd {
@@ -32,6 +33,8 @@ pub enum BenchWhat {
     Spawn(SpawnArgs),
     /// Queue overhead: end-to-end /bin/true jobs through a node against the raw engine.
     Queue(queue::QueueBenchArgs),
+    /// The twin copy of a session's fork: the parent's pause, the copy, the twin's memory.
+    Twin(twin::TwinBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -192,6 +195,7 @@ pub fn main(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd.what {
         BenchWhat::Spawn(args) => spawn(args),
         BenchWhat::Queue(args) => queue::main(args),
+        BenchWhat::Twin(args) => twin::main(args),
     }
 }
 

@@ -79,6 +79,9 @@ pub struct TwinReport {
     pub not_carried: Vec<String>,
     /// `T`'s resident memory once made (VmRSS), before it runs.
     pub twin_rss_kb: u64,
+    /// Of it, the pages `T` alone maps (`Private_Clean` + `Private_Dirty`): what the copy
+    /// cost the machine beyond the pages `T` still shares with the zygote.
+    pub twin_private_kb: u64,
     pub elapsed: Duration,
 }
 
@@ -476,6 +479,9 @@ fn copy(
     carry_cwd_and_umask(&inj, fp, report)?;
     inj.call("munmap", libc::SYS_munmap, [SCRATCH, PAGE, 0, 0, 0, 0])?;
     report.twin_rss_kb = status_field(&read_proc(tp, "status")?, "VmRSS:");
+    let rollup = read_proc(tp, "smaps_rollup")?;
+    report.twin_private_kb =
+        status_field(&rollup, "Private_Clean:") + status_field(&rollup, "Private_Dirty:");
     deadline.check("copying")?;
     set_registers(f, t)
 }
