@@ -293,3 +293,91 @@ fn rand_u32() -> u32 {
         .unwrap();
     u32::from_ne_bytes(b)
 }
+
+/// Job A for the refusals: maps a file of its disk privately (argv[2] `missing`: a file B's
+/// disk lacks; `deleted`: one it then deletes), forks F, which stops itself.
+const MAPS_A_FILE: &str = r#"
+import os, sys, signal, mmap
+tok, how = sys.argv[1], sys.argv[2]
+with open("only_a.bin", "wb") as f:
+    f.write(b"x" * 8192)
+fd = os.open("only_a.bin", os.O_RDONLY)
+m = mmap.mmap(fd, 8192, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ)
+os.close(fd)
+if how == "deleted":
+    os.unlink("only_a.bin")
+sys.stdout.flush()
+pid = os.fork()
+if pid == 0:
+    with open("/proc/self/comm", "w") as c:
+        c.write("F" + tok)
+    os.kill(os.getpid(), signal.SIGSTOP)
+    os._exit(0)
+os.waitpid(pid, 0)
+print(m[:2].decode())
+"#;
+
+/// A mapping the twin cannot have is an error naming it: a deleted file is refused before the
+/// twin is touched (it still waits); a file its own root lacks is found only once the twin is
+/// being changed, and the half-made twin is killed, never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapping_the_twin_cannot_have_is_refused_by_name() {
+    let engine = tokio::task::spawn_blocking(engine).await.unwrap();
+    for how in ["deleted", "missing"] {
+        let tok = format!("{:08x}", rand_u32());
+        let a = job(MAPS_A_FILE, &[&tok, how]);
+        let b = job(TWIN, &[&tok]);
+        let copier = {
+            let tok = tok.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut found = (None, None);
+                let ok = sandbox_support::wait_until(Duration::from_secs(60), || {
+                    found = (stopped(&format!("F{tok}")), stopped(&format!("T{tok}")));
+                    found.0.is_some() && found.1.is_some()
+                });
+                assert!(
+                    ok,
+                    "{how}: the branch and the twin did not both stop: {found:?}"
+                );
+                let (f, t) = (found.0.unwrap(), found.1.unwrap());
+                let limits = TwinLimits {
+                    memory_bytes: 512 << 20,
+                    timeout: Duration::from_secs(30),
+                    skip_identical: false,
+                };
+                let err = make_twin(f, t, &limits).unwrap_err();
+                let twin_waits = sandbox_support::wait_until(Duration::from_secs(5), || {
+                    stopped(&format!("T{tok}")) == Some(t)
+                });
+                if twin_waits {
+                    // Let the refused twin end as itself.
+                    nix::sys::signal::kill(t, nix::sys::signal::Signal::SIGCONT).unwrap();
+                }
+                nix::sys::signal::kill(f, nix::sys::signal::Signal::SIGCONT).unwrap();
+                (err, twin_waits)
+            })
+        };
+        let (oa, ob) = tokio::join!(engine.run(&a), engine.run(&b));
+        let (err, twin_waits) = copier.await.unwrap();
+        let text = err.to_string();
+        assert!(text.contains("/work/only_a.bin"), "{how}: {text}");
+        assert_eq!(oa.stdout, "xx\n", "{how}: A: {:?} {}", oa.error, oa.stderr);
+        match how {
+            "deleted" => {
+                assert!(matches!(err, TwinError::DeletedMapping { .. }), "{text}");
+                assert!(twin_waits, "the twin was touched");
+                assert_eq!(ob.exit_code, 3, "{:?} {}", ob.status, ob.stdout);
+                assert_eq!(ob.stdout, "the twin resumed as itself\n");
+            }
+            _ => {
+                assert!(
+                    matches!(err, TwinError::UnreachableMapping { .. }),
+                    "{text}"
+                );
+                assert!(!twin_waits, "a half-made twin still waits");
+                assert_eq!(ob.stdout, "", "a half-made twin ran");
+                assert_ne!(ob.status.as_str(), "ok", "{ob:?}");
+            }
+        }
+    }
+}
