@@ -71,7 +71,7 @@ if pid == 0:
     os.kill(os.getpid(), signal.SIGSTOP)
     # A branch resumes here: as F, or as a twin made from F.
     random.seed()
-    out = {"digest": digest(), "rand": random.random(), "numpy": np is not None}
+    out = {"digest": digest(), "rand": repr(random.random()), "numpy": np is not None}
     g["log"].write(f"branch {out['rand']}\n"); g["log"].flush()
     out["log"] = open("log.txt").read()
     status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
@@ -173,7 +173,7 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
             let mut limits = TwinLimits {
                 memory_bytes: 1 << 20,
                 timeout: Duration::from_secs(30),
-                skip_identical: false,
+                skip_identical: skip_identical(),
             };
             // Over the twin's limit: refused before the twin is touched, and it stays stopped.
             let refused = make_twin(f, t, &limits).unwrap_err();
@@ -219,7 +219,10 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
         "the twin repeats F's randomness"
     );
     // Files are each sandbox's own: the twin appended to B's log, F to A's.
-    let (rt, rf) = (&t_out["rand"], &f_out["rand"]);
+    let (rt, rf) = (
+        t_out["rand"].as_str().unwrap(),
+        f_out["rand"].as_str().unwrap(),
+    );
     assert_eq!(t_out["log"], format!("init\nbranch {rt}\n"));
     assert_eq!(f_out["log"], format!("init\nA\nbranch {rf}\n"));
     assert_eq!(parent["parent_log"], f_out["log"]);
@@ -234,15 +237,26 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
         report.not_carried.iter().all(|n| n.contains("socket:[")),
         "{report:?}"
     );
-    assert!(report.copied_bytes >= 20 << 20, "{report:?}");
+    assert!(
+        report.copied_bytes + report.identical_bytes >= 20 << 20,
+        "{report:?}"
+    );
+    // Pages the twin still shares with the zygote are left shared when equal.
+    assert_eq!(report.identical_bytes > 0, skip_identical(), "{report:?}");
     if !f_out["numpy"].as_bool().unwrap() {
         forkbox_testkit::skipped("numpy in the twin's state (not importable by python3)");
     }
     eprintln!("{report:?}");
 }
 
-/// The same scenario run by `nobody`: the rootless node holds what the copy needs (it owns the
-/// user namespace above every sandbox of its zygote).
+/// The scenario's variant: the root run copies every private page, the rootless one skips
+/// those the twin already holds.
+fn skip_identical() -> bool {
+    std::env::var_os("FORKBOX_TWIN_SKIP_IDENTICAL").is_some_and(|v| v == "1")
+}
+
+/// The same scenario run by `nobody`, skipping identical pages: the rootless node holds what
+/// the copy needs (it owns the user namespace above every sandbox of its zygote).
 #[test]
 fn a_twin_is_made_by_a_rootless_node() {
     if !sandbox_support::is_root() {
@@ -264,7 +278,14 @@ fn a_twin_is_made_by_a_rootless_node() {
         sandbox_support::unprivileged_bin().display()
     );
     let out = Command::new("runuser")
-        .args(["-u", "nobody", "--", "env", &zygote])
+        .args([
+            "-u",
+            "nobody",
+            "--",
+            "env",
+            &zygote,
+            "FORKBOX_TWIN_SKIP_IDENTICAL=1",
+        ])
         .arg(&copy)
         .args([
             "--exact",

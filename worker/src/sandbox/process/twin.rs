@@ -887,7 +887,7 @@ fn copy_memory(
     let f_mem = open_proc(fp, "mem", false)?;
     let t_pagemap = open_proc(tp, "pagemap", false)?;
     let mut buf = vec![0u8; CHUNK_PAGES * PAGE as usize];
-    let mut theirs = vec![0u8; PAGE as usize];
+    let mut tbuf = vec![0u8; CHUNK_PAGES * PAGE as usize];
     for (v, entries) in f_maps.iter().zip(f_entries) {
         if v.is_special() || v.is_shared() {
             continue;
@@ -907,56 +907,50 @@ fn copy_memory(
                 continue;
             }
             let chunk = &mut buf[..len as usize];
-            read_frozen(fp, &f_mem, addr, chunk)?;
-            for (i, page) in chunk.chunks(PAGE as usize).enumerate() {
-                let at = addr + i as u64 * PAGE;
-                let te = t_entries[first + i];
-                if limits.skip_identical && same_page(inj, v, te, at, page, &mut theirs) {
+            read_pages(fp, &f_mem, addr, chunk)?;
+            // With `skip_identical`, T's view of the same pages (its own, the zygote's it
+            // still shares, or the file's) decides which need writing.
+            let theirs = &mut tbuf[..len as usize];
+            let compare = limits.skip_identical && read_pages(tp, &inj.mem, addr, theirs).is_ok();
+            let page = PAGE as usize;
+            let same =
+                |i: usize| compare && chunk[i * page..][..page] == theirs[i * page..][..page];
+            let mut i = 0;
+            while i < pages {
+                if same(i) {
                     report.identical_bytes += PAGE;
+                    i += 1;
                     continue;
                 }
+                let start = i;
+                while i < pages && !same(i) {
+                    i += 1;
+                }
+                let at = addr + start as u64 * PAGE;
                 inj.mem
-                    .write_all_at(page, at)
+                    .write_all_at(&chunk[start * page..i * page], at)
                     .map_err(|error| TwinError::Memory { addr: at, error })?;
-                report.copied_bytes += PAGE;
+                report.copied_bytes += (i - start) as u64 * PAGE;
             }
         }
     }
     Ok(())
 }
 
-/// Reads `F`'s pages: `process_vm_readv` (one copy), or `/proc/F/mem` for what its protections
-/// keep from that call (a page it made unreadable).
-fn read_frozen(fp: Pid, f_mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
+/// Reads a process's pages: `process_vm_readv` (one copy), or its `/proc/<pid>/mem` for what
+/// its protections keep from that call (a page it made unreadable).
+fn read_pages(pid: Pid, mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
     let len = buf.len();
     let remote = [nix::sys::uio::RemoteIoVec {
         base: addr as usize,
         len,
     }];
-    let read = nix::sys::uio::process_vm_readv(fp, &mut [std::io::IoSliceMut::new(buf)], &remote);
+    let read = nix::sys::uio::process_vm_readv(pid, &mut [std::io::IoSliceMut::new(buf)], &remote);
     if read == Ok(len) {
         return Ok(());
     }
-    f_mem
-        .read_exact_at(buf, addr)
+    mem.read_exact_at(buf, addr)
         .map_err(|error| TwinError::Memory { addr, error })
-}
-
-/// Whether `T`'s page at `at` already holds `page`: read when present, zero when an
-/// anonymous page was never touched; a file page not in memory is not read (it would be
-/// brought in only to compare).
-fn same_page(
-    inj: &Injector<'_>,
-    v: &Vma,
-    entry: u64,
-    at: u64,
-    page: &[u8],
-    theirs: &mut [u8],
-) -> bool {
-    if entry & (PM_PRESENT | PM_SWAP) != 0 {
-        return inj.mem.read_exact_at(theirs, at).is_ok() && theirs == page;
-    }
-    v.is_anonymous() && page.iter().all(|b| *b == 0)
 }
 
 /// The files step (see [`plan_fds`]).
