@@ -189,6 +189,17 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
             let state = std::fs::read_to_string(format!("/proc/{t}/stat")).unwrap_or_default();
             assert!(waits, "the refused twin no longer waits: {state}");
             limits.memory_bytes = 512 << 20;
+            // Past its deadline before the twin is changed: refused, and the twin waits on.
+            let late = TwinLimits {
+                timeout: Duration::ZERO,
+                ..limits.clone()
+            };
+            let refused = make_twin(f, t, &late).unwrap_err();
+            assert!(matches!(refused, TwinError::Deadline { .. }), "{refused}");
+            let waits = sandbox_support::wait_until(Duration::from_secs(10), || {
+                stopped(&format!("T{tok}")) == Some(t)
+            });
+            assert!(waits, "the late twin no longer waits");
             let report = make_twin(f, t, &limits).expect("the copy");
             // F is the reference: it runs on too.
             nix::sys::signal::kill(f, nix::sys::signal::Signal::SIGCONT).unwrap();
