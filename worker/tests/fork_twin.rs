@@ -252,7 +252,7 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
         report.copied_bytes + report.identical_bytes >= 20 << 20,
         "{report:?}"
     );
-    // Pages the twin still shares with the zygote are left shared when equal.
+    // Pages the twin already holds equal are found, and not written.
     assert_eq!(report.identical_bytes > 0, skip_identical(), "{report:?}");
     if !f_out["numpy"].as_bool().unwrap() {
         forkbox_testkit::skipped("numpy in the twin's state (not importable by python3)");

@@ -55,8 +55,8 @@ pub struct TwinLimits {
     pub memory_bytes: u64,
     /// The whole copy's deadline, from the call.
     pub timeout: Duration,
-    /// Reads `T`'s page before writing one, and skips it when equal (fewer pages of its own
-    /// for `T`, one more read per page).
+    /// Reads `T`'s pages before writing them, and skips those already equal (one write
+    /// fewer each, and a page `T` still shares with the zygote stays shared; one more read).
     pub skip_identical: bool,
 }
 
@@ -79,8 +79,8 @@ pub struct TwinReport {
     pub not_carried: Vec<String>,
     /// `T`'s resident memory once made (VmRSS), before it runs.
     pub twin_rss_kb: u64,
-    /// Of it, the pages `T` alone maps (`Private_Clean` + `Private_Dirty`): what the copy
-    /// cost the machine beyond the pages `T` still shares with the zygote.
+    /// Of it, the written pages `T` alone maps (`Private_Dirty`): its own copies, beyond the
+    /// pages it still shares with the zygote and the files' pages it maps.
     pub twin_private_kb: u64,
     pub elapsed: Duration,
 }
@@ -480,8 +480,7 @@ fn copy(
     inj.call("munmap", libc::SYS_munmap, [SCRATCH, PAGE, 0, 0, 0, 0])?;
     report.twin_rss_kb = status_field(&read_proc(tp, "status")?, "VmRSS:");
     let rollup = read_proc(tp, "smaps_rollup")?;
-    report.twin_private_kb =
-        status_field(&rollup, "Private_Clean:") + status_field(&rollup, "Private_Dirty:");
+    report.twin_private_kb = status_field(&rollup, "Private_Dirty:");
     deadline.check("copying")?;
     set_registers(f, t)
 }
