@@ -6,7 +6,8 @@
 //! - `queue` (queue.rs): end-to-end `/bin/true` jobs through an in-process node against the
 //!   raw engine, and what Redis does per job;
 //! - `session` (session.rs): a session's open, first `run_code` and round trip at the engine
-//!   level, and its idle memory, against a warm one-shot job.
+//!   level, and its idle memory, against a warm one-shot job;
+//! - `twin` (twin.rs): the twin copy a session's fork uses, against rebuilding the same state.
 //!
 //! Like `forkbox`, this binary serves its engine's zygote (`forkbox-bench __zygote`), so what it
 //! measures is the sandbox code of the same build.
@@ -21,6 +22,7 @@ use forkbox_queue::schema::Network;
 mod queue;
 mod session;
 mod spawn;
+mod twin;
 
 /// Forkbox's benchmark drivers: figures printed with their ratio to a baseline of the same run.
 #[derive(Debug, Parser)]
@@ -40,6 +42,8 @@ enum Bench {
     /// Sessions at the engine level: open → first run_code, the run_code round trip, idle
     /// memory, against a warm one-shot job.
     Session(session::SessionBenchArgs),
+    /// The twin copy of a session's fork: the parent's pause, the copy, the twin's memory.
+    Twin(twin::TwinBenchArgs),
 }
 
 /// What the measured engine is built with: the options of `forkbox worker` that change what a
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
         Bench::Spawn(args) => spawn::main(args),
         Bench::Queue(args) => queue::main(args),
         Bench::Session(args) => session::main(args),
+        Bench::Twin(args) => twin::main(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("forkbox-bench: {e:#}");

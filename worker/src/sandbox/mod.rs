@@ -45,6 +45,7 @@ pub use engine::start::{
 pub use isolate::cgroup::{probe as probe_cgroup, Delegation};
 pub use isolate::rootfs::{own_mount_points, RootSource};
 pub use isolate::seccomp::denied_numbers;
+pub use process::twin::{make_twin, TwinError, TwinLimits, TwinReport};
 pub use process::zygote::main as zygote_main;
 pub use runtime::python::{
     PythonRuntime, PythonSettings, DEFAULT_PRELOAD as DEFAULT_PYTHON_PRELOAD,

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg};
 use nix::sys::stat::stat;
+use nix::unistd::Pid;
 
 use super::procfs;
 use crate::sandbox::kernel::sys;
@@ -116,7 +117,8 @@ impl PipeCount {
                 if !seen.insert(pipe) {
                     continue;
                 }
-                let pidfd = pidfd.get_or_insert_with(|| sys::pidfd_open(process.pid));
+                let pidfd =
+                    pidfd.get_or_insert_with(|| sys::pidfd_open(Pid::from_raw(process.pid as i32)));
                 bytes = bytes.saturating_add(pipe_bytes(ask(pidfd, fd), self.largest));
             }
         }

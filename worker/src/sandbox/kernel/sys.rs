@@ -153,17 +153,6 @@ pub fn pidfd_kill(pidfd: &OwnedFd) -> Result<(), Errno> {
     }
 }
 
-/// A pidfd of process `pid` (`pidfd_open`).
-pub fn pidfd_open(pid: u32) -> Result<OwnedFd, Errno> {
-    // SAFETY: integer-only syscall; on success it returns a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(Errno::last());
-    }
-    // SAFETY: pidfd_open just returned this descriptor, which nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
 /// A duplicate of descriptor `fd` of the process behind `pidfd` (`pidfd_getfd`; the kernel
 /// asks for ptrace access to it), close-on-exec.
 pub fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> Result<OwnedFd, Errno> {
@@ -839,6 +828,230 @@ pub fn close_from(first: u32) -> Result<(), Errno> {
         Err(Errno::last())
     } else {
         Ok(())
+    }
+}
+
+/// A pidfd for `pid` (`pidfd_open`): a handle that keeps naming the same process, so a signal
+/// through it can never reach a process that recycled the number.
+pub fn pidfd_open(pid: Pid) -> Result<OwnedFd, Errno> {
+    // SAFETY: integer-only syscall; on success it returns a fresh descriptor nobody owns.
+    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0u32) };
+    if ret == -1 {
+        return Err(Errno::last());
+    }
+    // SAFETY: the descriptor was just made by the kernel for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
+/// Sends `signal` (0: only checks that the process lives) through a pidfd.
+pub fn pidfd_signal(pidfd: &OwnedFd, signal: libc::c_int) -> Result<(), Errno> {
+    // SAFETY: plain syscall on an fd we own; a null siginfo is allowed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            signal,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if ret == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(())
+    }
+}
+
+/// A process this thread traces: seized (`PTRACE_SEIZE`) and stopped. Ptrace belongs to the
+/// thread that seized, so a `Tracee` is not `Send`: every call of one copy is made by the
+/// thread that made it. Dropping it detaches (a process that was in a group stop when seized
+/// stays stopped: the kernel puts it back into the stop on detach).
+pub struct Tracee {
+    pid: Pid,
+    pidfd: OwnedFd,
+    attached: bool,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// The x86 extended state buffer: large enough for AVX-512 and AMX tiles.
+const XSTATE_MAX: usize = 16 * 1024;
+/// `NT_X86_XSTATE`, the regset of the whole extended state (`XSAVE` layout).
+const NT_X86_XSTATE: libc::c_int = 0x202;
+
+impl Tracee {
+    /// Seizes `pid` and stops it (`PTRACE_INTERRUPT`); with the signal of the stop it reports:
+    /// a stop signal (SIGSTOP...) for a process that was in a group stop, SIGTRAP for one
+    /// that ran. The pid is pinned by a pidfd taken
+    /// first and checked alive once seized: a live process's number is never reused, so the
+    /// process seized is the one the pidfd names. `exit_kill`: the process is killed if this
+    /// thread's process ends while it is seized (for a process left half made otherwise).
+    pub fn seize(pid: Pid, exit_kill: bool) -> Result<(Tracee, libc::c_int), Errno> {
+        use nix::sys::ptrace;
+        let pidfd = pidfd_open(pid)?;
+        let options = if exit_kill {
+            ptrace::Options::PTRACE_O_EXITKILL
+        } else {
+            ptrace::Options::empty()
+        };
+        ptrace::seize(pid, options)?;
+        let tracee = Tracee {
+            pid,
+            pidfd,
+            attached: true,
+            _not_send: std::marker::PhantomData,
+        };
+        pidfd_signal(&tracee.pidfd, 0)?;
+        ptrace::interrupt(pid)?;
+        let stop = tracee.wait_stop()?;
+        Ok((tracee, stop))
+    }
+
+    pub fn pid(&self) -> Pid {
+        self.pid
+    }
+
+    /// Waits for the next stop; the signal it reports. A process that ended is `ESRCH`.
+    fn wait_stop(&self) -> Result<libc::c_int, Errno> {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        loop {
+            match waitpid(self.pid, Some(WaitPidFlag::__WALL)) {
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e),
+                Ok(WaitStatus::Stopped(_, sig)) => return Ok(sig as libc::c_int),
+                Ok(WaitStatus::PtraceEvent(_, sig, _)) => return Ok(sig as libc::c_int),
+                Ok(WaitStatus::PtraceSyscall(_)) => return Ok(libc::SIGTRAP),
+                Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) => return Err(Errno::ESRCH),
+                Ok(_) => continue,
+            }
+        }
+    }
+
+    pub fn regs(&self) -> Result<libc::user_regs_struct, Errno> {
+        nix::sys::ptrace::getregs(self.pid)
+    }
+
+    pub fn set_regs(&self, regs: &libc::user_regs_struct) -> Result<(), Errno> {
+        nix::sys::ptrace::setregs(self.pid, *regs)
+    }
+
+    /// The whole extended FPU/vector state (`NT_X86_XSTATE`), as many bytes as the CPU has.
+    pub fn xstate(&self) -> Result<Vec<u8>, Errno> {
+        let mut buf = vec![0u8; XSTATE_MAX];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: the iovec points to `buf`, alive and `iov_len` bytes long for the call; the
+        // kernel writes at most that much and shortens `iov_len` to what it wrote.
+        let ret = unsafe {
+            libc::ptrace(
+                libc::PTRACE_GETREGSET,
+                self.pid.as_raw(),
+                NT_X86_XSTATE as usize,
+                &mut iov as *mut libc::iovec,
+            )
+        };
+        if ret == -1 {
+            return Err(Errno::last());
+        }
+        buf.truncate(iov.iov_len);
+        Ok(buf)
+    }
+
+    /// Sets the extended state from a buffer [`xstate`](Tracee::xstate) returned.
+    pub fn set_xstate(&self, state: &[u8]) -> Result<(), Errno> {
+        let mut copy = state.to_vec();
+        let mut iov = libc::iovec {
+            iov_base: copy.as_mut_ptr().cast(),
+            iov_len: copy.len(),
+        };
+        // SAFETY: the iovec points to `copy`, alive and `iov_len` bytes long; the kernel only
+        // reads it (and validates the XSAVE header itself).
+        let ret = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SETREGSET,
+                self.pid.as_raw(),
+                NT_X86_XSTATE as usize,
+                &mut iov as *mut libc::iovec,
+            )
+        };
+        if ret == -1 {
+            Err(Errno::last())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The blocked-signal mask (`PTRACE_GETSIGMASK`).
+    pub fn sigmask(&self) -> Result<u64, Errno> {
+        let mut mask: u64 = 0;
+        // SAFETY: the kernel writes 8 bytes (the size passed) into `mask`, a live local.
+        let ret = unsafe {
+            libc::ptrace(
+                libc::PTRACE_GETSIGMASK,
+                self.pid.as_raw(),
+                std::mem::size_of::<u64>(),
+                &mut mask as *mut u64,
+            )
+        };
+        if ret == -1 {
+            Err(Errno::last())
+        } else {
+            Ok(mask)
+        }
+    }
+
+    pub fn set_sigmask(&self, mask: u64) -> Result<(), Errno> {
+        // SAFETY: the kernel reads 8 bytes (the size passed) from `mask`, a live local.
+        let ret = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SETSIGMASK,
+                self.pid.as_raw(),
+                std::mem::size_of::<u64>(),
+                &mask as *const u64,
+            )
+        };
+        if ret == -1 {
+            Err(Errno::last())
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The 8 bytes at `addr` of the tracee's memory.
+    pub fn peek(&self, addr: u64) -> Result<u64, Errno> {
+        nix::sys::ptrace::read(self.pid, addr as nix::sys::ptrace::AddressType).map(|w| w as u64)
+    }
+
+    /// Resumes for one instruction (`PTRACE_SINGLESTEP`, any pending signal suppressed) and
+    /// waits for the next stop; the signal it reports. A stop other than the step's trap (a
+    /// group stop reported first) may come before the instruction ran: the caller looks at
+    /// the instruction pointer.
+    pub fn step(&self) -> Result<libc::c_int, Errno> {
+        nix::sys::ptrace::step(self.pid, None)?;
+        self.wait_stop()
+    }
+
+    /// Sends `signal` through the pidfd.
+    pub fn signal(&self, signal: libc::c_int) -> Result<(), Errno> {
+        pidfd_signal(&self.pidfd, signal)
+    }
+
+    /// Detaches; the process goes back to the group stop it was in, if the group is stopped.
+    /// Its pidfd, to signal it afterwards.
+    pub fn detach(mut self) -> Result<OwnedFd, Errno> {
+        let pidfd = self.pidfd.try_clone().map_err(|_| Errno::EMFILE)?;
+        self.attached = false;
+        nix::sys::ptrace::detach(self.pid, None)?;
+        Ok(pidfd)
+    }
+}
+
+impl Drop for Tracee {
+    fn drop(&mut self) {
+        if self.attached {
+            let _ = nix::sys::ptrace::detach(self.pid, None);
+        }
     }
 }
 
