@@ -485,6 +485,23 @@ mod tests {
     }
 
     #[test]
+    fn session_capacity_comes_from_flags_over_the_file() {
+        let (_dir, path) = config_file(
+            "max_sessions = 3\nsession_memory_mb = 1024\nmax_session_ttl = 60\n\
+             max_session_idle = 30\n",
+        );
+        let c = worker_args(&["--config", &path, "--max-sessions", "5"])
+            .resolve()
+            .unwrap();
+        assert_eq!(c.sessions.max_sessions, 5);
+        assert_eq!(c.sessions.memory_mb, 1024);
+        assert_eq!(
+            (c.sessions.ceilings.ttl_s, c.sessions.ceilings.idle_s),
+            (60, 30)
+        );
+    }
+
+    #[test]
     fn job_maximums_come_from_flags_over_the_file() {
         let (_dir, path) = config_file(
             "max_disk_mb = 512\nmax_pids = 32\nmax_job_attempts = 2\nmax_result_ttl_s = 60\n\
