@@ -380,3 +380,34 @@ async fn interrupt_and_set_timeout_are_served_while_a_call_runs() {
     let info = q.session_info(&s.id).await.unwrap().unwrap();
     assert!(info.expires_ms > s.expires_ms + 20_000, "{info:?} {s:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_that_dies_ends_its_session_as_crashed_with_the_reason() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-8", &[]);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(60, 60)).await;
+    // The exec's parent is the session's supervisor: killing it ends the sandbox.
+    let mut seen = Vec::new();
+    let end = q
+        .call_session(
+            &Call::exec_shell(&s.id, "kill -9 $PPID; sleep 5"),
+            Duration::from_secs(30),
+            &mut |e| seen.push(e.clone()),
+        )
+        .await
+        .unwrap();
+    match end {
+        Event::Error { reason, error } => {
+            assert_eq!(reason, ErrorReason::SessionEnded);
+            assert!(error.starts_with("session ended: crashed ("), "{error}");
+            assert!(error.contains("signal 9"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let again = q.send_call(&Call::run_code(&s.id, "1")).await;
+    match again {
+        Err(SessionError::Ended { message, .. }) => assert_eq!(message, "session ended: crashed"),
+        other => panic!("{other:?}"),
+    }
+}
