@@ -83,7 +83,10 @@ pub enum Command {
 pub fn main(cli: Cli) -> ExitCode {
     use client::{BatchCommand, DlqCommand};
     let result = match cli.command {
-        Command::Run(cmd) => run::main(cmd),
+        Command::Run(cmd) => match cmd.session.clone() {
+            Some(sid) => session::in_session(&cmd, &sid),
+            None => run::main(cmd),
+        },
         Command::Check(args) => check::main(args),
         Command::Bench(cmd) => bench::main(cmd),
         Command::Daemon(cmd) => daemon::main(cmd),

@@ -14,7 +14,9 @@ use forkbox_queue::session::{Call, CallOp, SessionSpec};
 use forkbox_queue::{Event, FileData, Job, Limits, Network, Queue, Runtime};
 use serde_json::Value;
 
-use super::client::{open_queue, ClientOpts};
+use super::client::open_queue;
+use super::opts::ClientOpts;
+use super::run::RunCmd;
 use super::terminal::{for_stderr, for_stdout};
 
 /// Exit code of a call whose session ended or was lost, or that the node refused.
@@ -506,4 +508,33 @@ fn print_json(v: &Value) -> anyhow::Result<ExitCode> {
     let text = serde_json::to_string_pretty(v)?;
     println!("{}", for_stdout(&text));
     Ok(ExitCode::SUCCESS)
+}
+
+/// `run --session ID`: the command as an `exec` call of the session.
+pub fn in_session(cmd: &RunCmd, sid: &str) -> anyhow::Result<ExitCode> {
+    let j = &cmd.job;
+    let session_only = [
+        ("--memory-mb", j.memory_mb.is_some()),
+        ("--pids", j.pids.is_some()),
+        ("--cpu-ms", j.cpu_ms.is_some()),
+        ("--output-bytes", j.output_bytes.is_some()),
+        ("--disk-mb", j.disk_mb.is_some()),
+        ("--file", !j.files.is_empty()),
+        ("--collect", !j.collect.is_empty()),
+        ("--runtime", j.runtime.is_some()),
+        ("--network", j.network.is_some()),
+        ("--stdin-file", j.stdin_file.is_some()),
+        ("--json", cmd.json),
+        ("--out", cmd.out.is_some()),
+    ];
+    if let Some((flag, _)) = session_only.iter().find(|(_, set)| *set) {
+        bail!("{flag} does not apply with --session: the session's own settings hold");
+    }
+    let call = exec_call(sid, j.shell.clone(), j.argv.clone(), &j.env, j.cwd.clone())?;
+    let opts = CallOpts {
+        client: cmd.client.clone(),
+        id: sid.to_owned(),
+        timeout_ms: j.timeout_ms,
+    };
+    super::runtime()?.block_on(exec(&opts, call))
 }
