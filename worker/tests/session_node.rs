@@ -411,3 +411,30 @@ async fn a_sandbox_that_dies_ends_its_session_as_crashed_with_the_reason() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_restarted_under_its_name_ends_the_sessions_of_its_previous_life() {
+    let server = start_redis();
+    let mut w = worker(&server, "s-node-9", &[]);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(300, 300)).await;
+    w.kill();
+    // Back at once, before its heartbeat lapsed: the session's record still says live.
+    let _w = worker(&server, "s-node-9", &[]);
+    let (_, end) = call(&q, Call::run_code(&s.id, "1")).await;
+    assert!(
+        matches!(
+            &end,
+            Event::Error {
+                reason: ErrorReason::SessionEnded,
+                ..
+            }
+        ),
+        "{end:?}"
+    );
+    let info = q.session_info(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (info.state.as_str(), info.reason.as_deref()),
+        ("ended", Some("lost"))
+    );
+}

@@ -375,7 +375,24 @@ impl Sessions {
                 "session ended: session {} is not live on node {}",
                 call.session, self.name
             );
-            spawn_reply(queue, call.id, Event::error(ErrorReason::SessionEnded, why));
+            // A record that still says live here is a previous life's of this node name (a
+            // restart within the heartbeat's TTL): it is ended as lost, so later calls say so.
+            let event = Event::error(ErrorReason::SessionEnded, why);
+            let (queue, node) = (queue.clone(), self.name.clone());
+            tokio::spawn(async move {
+                let ended = queue
+                    .end_session_record(
+                        &call.session,
+                        &node,
+                        forkbox_queue::EndReason::Lost,
+                        std::slice::from_ref(&call.id),
+                        &event,
+                    )
+                    .await;
+                if let Err(e) = ended {
+                    tracing::warn!("answering call {}: {e}", call.id);
+                }
+            });
         }
     }
 
