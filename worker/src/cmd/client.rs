@@ -22,6 +22,7 @@ use clap::{Args, Subcommand};
 use forkbox::node::config::{self, check_redis_url};
 use forkbox_queue::connect::without_password;
 
+pub use super::opts::ClientOpts;
 use super::opts::{JobArgs, RedisTlsOpts};
 use super::run::print_outcome;
 use super::terminal::{for_stderr, for_stdout};
@@ -35,33 +36,6 @@ pub const EXIT_NO_RESULT: u8 = 75;
 
 /// How long a client waits for Redis to answer before giving up with a clear message.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// `--redis`, `--cluster` and `--queue` of the client commands.
-#[derive(Debug, Clone, Args)]
-pub struct ClientOpts {
-    /// Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... for TLS (see
-    /// --redis-ca), redis+unix:///PATH; %-encode @ : / # ? % in a password (with --cluster:
-    /// one or more comma-separated seed URLs of a Redis Cluster).
-    #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
-    pub redis: String,
-    #[command(flatten)]
-    pub redis_tls: RedisTlsOpts,
-    /// --redis names a Redis Cluster's seed nodes.
-    #[arg(long, env = "FORKBOX_CLUSTER")]
-    pub cluster: bool,
-    /// Queue name.
-    #[arg(long, short = 'q', env = "FORKBOX_QUEUE", default_value = config::DEFAULT_QUEUE)]
-    pub queue: String,
-    /// Partitions of the queue; must match what the queue was created with (a mismatch is
-    /// refused, naming both).
-    #[arg(
-        long,
-        env = "FORKBOX_PARTITIONS",
-        value_name = "N",
-        default_value_t = 1
-    )]
-    pub partitions: usize,
-}
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
@@ -318,6 +292,11 @@ fn connect_failure(endpoint: &Endpoint, e: forkbox_queue::QueueError) -> anyhow:
 
 /// Opens the queue for a command that adds jobs: its partition count is recorded if the queue
 /// has none yet, and must match the one recorded otherwise.
+/// Opens the queue of `opts` (for `forkbox session`).
+pub async fn open_queue(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
+    open(opts).await
+}
+
 async fn open(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
     let broker = connect_to(&opts.redis, opts.cluster, &opts.redis_tls.tls()).await?;
     Ok(broker

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use clap::Args;
+use forkbox::node::config;
 use forkbox::sandbox::{self, Engine, EngineConfig, RootSource};
 use forkbox_queue::schema::{FileData, Job, Limits, Network};
 use serde::Deserialize;
@@ -330,6 +331,33 @@ pub fn python_settings(preload: Option<&[String]>) -> Option<sandbox::PythonSett
         None => {}
     }
     Some(settings)
+}
+
+/// `--redis`, `--cluster` and `--queue` of the client commands.
+#[derive(Debug, Clone, Args)]
+pub struct ClientOpts {
+    /// Redis URL: redis://[USER:PASSWORD@]HOST:PORT[/DB], rediss://... for TLS (see
+    /// --redis-ca), redis+unix:///PATH; %-encode @ : / # ? % in a password (with --cluster:
+    /// one or more comma-separated seed URLs of a Redis Cluster).
+    #[arg(long, env = "FORKBOX_REDIS_URL", value_name = "URL", default_value = config::DEFAULT_REDIS_URL)]
+    pub redis: String,
+    #[command(flatten)]
+    pub redis_tls: RedisTlsOpts,
+    /// --redis names a Redis Cluster's seed nodes.
+    #[arg(long, env = "FORKBOX_CLUSTER")]
+    pub cluster: bool,
+    /// Queue name.
+    #[arg(long, short = 'q', env = "FORKBOX_QUEUE", default_value = config::DEFAULT_QUEUE)]
+    pub queue: String,
+    /// Partitions of the queue; must match what the queue was created with (a mismatch is
+    /// refused, naming both).
+    #[arg(
+        long,
+        env = "FORKBOX_PARTITIONS",
+        value_name = "N",
+        default_value_t = 1
+    )]
+    pub partitions: usize,
 }
 
 /// The job-describing options of `run` and `submit`.

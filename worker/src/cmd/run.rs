@@ -43,6 +43,12 @@ pub struct RunCmd {
     /// ${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock].
     #[arg(long, env = "FORKBOX_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Run the command in this session (through Redis: --redis, --queue), as `forkbox session
+    /// exec` does; only the command, --env, --cwd and --timeout-ms apply.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    #[command(flatten)]
+    pub client: super::opts::ClientOpts,
 }
 
 pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
