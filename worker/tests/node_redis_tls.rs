@@ -268,7 +268,7 @@ fn roles_server() -> RedisServer {
         .filter(|l| l.starts_with("user forkbox-"))
         .map(|l| {
             let mut line = l.replace("{Q}", "{roles}");
-            for role in ["WORKER", "SUBMITTER", "MONITOR"] {
+            for role in ["WORKER", "SUBMITTER", "GATEWAY", "MONITOR"] {
                 line = line.replace(
                     &format!(">{role}_PASSWORD"),
                     &format!(">pw-{}", role.to_lowercase()),
@@ -277,7 +277,7 @@ fn roles_server() -> RedisServer {
             line
         })
         .collect();
-    assert_eq!(acl.len(), 3, "{acl:?}");
+    assert_eq!(acl.len(), 4, "{acl:?}");
     // Redis reads the file at start only.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("users.acl");
