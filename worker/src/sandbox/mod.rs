@@ -36,6 +36,9 @@ pub use engine::check;
 pub use engine::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
 pub use engine::output::{OutputChunk, OutputStream};
 pub use engine::run::{RunEnd, Slot};
+pub use engine::session::{
+    EndReason, OpenError, SandboxSession, SessionEnd, SessionSpec, SessionUsage, MAX_FRAME,
+};
 pub use engine::start::{
     default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms,
 };

@@ -28,6 +28,9 @@ pub(super) struct RunEvents<'a, R, C> {
     pub report: R,
     /// Reads stdout and stderr; polled here until both close, and by the caller after.
     pub capture: Pin<&'a mut C>,
+    /// Told the host pids of the sandbox's init and launcher when the zygote assigns it (a
+    /// session reads its usage from the init's `/proc`).
+    pub assigned: Option<tokio::sync::oneshot::Sender<Vec<i32>>>,
 }
 
 /// What a run's event loop saw, for [`super::outcome::fold`].
@@ -66,6 +69,7 @@ impl Engine {
             over: mut over_rx,
             report,
             mut capture,
+            mut assigned,
         } = run;
         let mut report_read = std::pin::pin!(report);
         let mut captured = None;
@@ -90,6 +94,13 @@ impl Engine {
             tokio::select! {
                 ev = events.recv(), if exit.is_none() => match ev {
                     Some(FromZygote::Assigned { pids, .. }) => {
+                        if let Some(tx) = assigned.take() {
+                            let _ = tx.send(pids.clone());
+                        }
+                        // Without a cgroup handshake (a session's sandbox) nothing waits.
+                        if self.inner.cgroups.is_none() {
+                            continue;
+                        }
                         // The launcher waits for this release: limits apply before the program
                         // runs.
                         match self.place(req, &pids, limits) {

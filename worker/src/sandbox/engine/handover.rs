@@ -13,11 +13,14 @@ use super::start::{Engine, NEXT_REQ};
 use crate::sandbox::isolate::cgroup;
 use crate::sandbox::process::wire::{self, FromZygote, ToInit, ToZygote};
 
-/// A job handed to a sandbox: its request, its events, and its cgroup if the engine placed it.
+/// A job handed to a sandbox: its request, its events, its cgroup if the engine placed it,
+/// and the host pids of its init and launcher when the engine handed it over itself (else
+/// the zygote's `Assigned` tells them, with a cgroup handshake or for a session).
 pub(super) type Handed = (
     u64,
     mpsc::UnboundedReceiver<FromZygote>,
     Option<cgroup::JobCgroup>,
+    Option<Vec<i32>>,
 );
 
 impl Engine {
@@ -29,11 +32,13 @@ impl Engine {
     /// job, so no instruction of the job runs outside its limits); then the zygote is told
     /// (with the exec-notify pipe for its watchdog); then the launcher gets the job. Without a
     /// launcher at hand, the zygote queues the job for its next ready sandbox. Returns the
-    /// request, its events and the job's cgroup if it was placed here.
+    /// request, its events and the job's cgroup if it was placed here. A `session`'s sandbox
+    /// is long-lived and outside the slots: the zygote does not count it as a running job.
     pub(super) fn hand_over(
         &self,
         network: Network,
         (timeout_ms, stage_ms): (u64, Option<u64>),
+        session: bool,
         limits: &EffectiveLimits,
         fds: &[BorrowedFd<'_>],
     ) -> Result<Handed, RunError> {
@@ -67,12 +72,13 @@ impl Engine {
                     timeout_ms,
                     network,
                     stage_ms,
+                    session,
                 };
                 if let Err(e) = wire::send(inner.control.as_fd(), &spawn, fds) {
                     unregister();
                     return Err(RunError::SendJob(e));
                 }
-                return Ok((req, events, None));
+                return Ok((req, events, None, None));
             };
             let (notify_r, notify_w) = match pipe() {
                 Ok(p) => p,
@@ -91,6 +97,7 @@ impl Engine {
                 sandbox: launcher.sandbox,
                 timeout_ms,
                 stage_ms,
+                session,
             };
             if let Err(e) = wire::send(inner.control.as_fd(), &started, &[notify_r.as_fd()]) {
                 unregister();
@@ -112,7 +119,7 @@ impl Engine {
             let mut with_notify = fds.to_vec();
             with_notify.push(notify_w.as_fd());
             if wire::send(launcher.channel.as_fd(), &run, &with_notify).is_ok() {
-                return Ok((req, events, cgroup));
+                return Ok((req, events, cgroup, Some(launcher.pids)));
             }
             // That sandbox ended while ready: the zygote reports it under this request, which
             // nobody waits for any more. Try the next one.

@@ -8,6 +8,7 @@
 //! - `event_loop`: each run's wait for its report and exit, and the kills it sends;
 //! - `output`: capped stdout/stderr capture;
 //! - `outcome`: the pure fold of what was observed into an `Outcome`;
+//! - `session`: a long-lived sandbox running the session supervisor, talked to in frames;
 //! - `staging`: the host staging directory; `defaults`: what a sandbox gets unless told;
 //! - `check`: `forkbox check`'s probe of the host's mechanisms.
 
@@ -21,5 +22,6 @@ pub(crate) mod output;
 pub(crate) mod payload;
 pub(crate) mod run;
 pub(crate) mod run_error;
+pub(crate) mod session;
 pub(crate) mod staging;
 pub(crate) mod start;

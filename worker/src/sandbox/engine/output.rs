@@ -38,6 +38,22 @@ pub(super) fn capture(
     (both, over_rx)
 }
 
+/// A session's capture: its supervisor's diagnostics (fd 2) alone, at most `cap` bytes (the
+/// rest read and discarded); its stdout carries frames and is read by the session itself.
+/// The same shape as [`capture`], so a session's sandbox is watched as a job's is.
+pub(super) fn capture_diagnostics(
+    stderr: OwnedFd,
+    cap: u64,
+) -> (
+    impl Future<Output = (Captured, Captured)>,
+    mpsc::UnboundedReceiver<()>,
+) {
+    let (over_tx, over_rx) = mpsc::unbounded_channel::<()>();
+    let err = read_capped(stderr, cap, over_tx, OutputStream::Stderr, None);
+    let both = async move { (Captured::default(), err.await) };
+    (both, over_rx)
+}
+
 /// Which output a chunk came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -127,7 +127,7 @@ impl Engine {
     }
 
     /// The job as the launcher needs it, and whether (and why not) it runs warm.
-    fn payload(
+    pub(super) fn payload(
         &self,
         job: &Job,
         limits: EffectiveLimits,
@@ -223,7 +223,8 @@ impl Engine {
             .as_ref()
             .map(|plan| plan.timeout_ms.saturating_add(stage::WATCHDOG_MARGIN_MS));
         let timeouts = (inner.config.ceilings.timeout_ms(job), stage_ms);
-        let (req, events, cgroup_job) = self.hand_over(network, timeouts, &sandbox, &fds)?;
+        let (req, events, cgroup_job, _) =
+            self.hand_over(network, timeouts, false, &sandbox, &fds)?;
         drop(fds);
         let _unregister = Unregister {
             waiters: &inner.waiters,
@@ -263,6 +264,7 @@ impl Engine {
                     over: over_rx,
                     report,
                     capture: capture.as_mut(),
+                    assigned: None,
                 },
                 &sandbox,
                 job.output_mode.unwrap_or_default(),
@@ -319,7 +321,7 @@ impl Engine {
 
 /// A job whose files do not fit its disk: the launcher would run out of room writing them, a
 /// fault of the job, not of the sandbox, so not worth a retry.
-fn files_past_disk(job: &Job, limits: &EffectiveLimits) -> Option<Outcome> {
+pub(super) fn files_past_disk(job: &Job, limits: &EffectiveLimits) -> Option<Outcome> {
     let file_bytes: u64 = job.files.values().map(|d| d.byte_len() as u64).sum();
     (file_bytes > limits.disk_mb * 1024 * 1024).then(|| {
         Outcome::not_run(

@@ -68,6 +68,11 @@ pub enum ToZygote {
         /// stage's limit and a margin), in case its launcher is stopped or killed.
         #[serde(default)]
         stage_ms: Option<u64>,
+        /// A session's sandbox: long-lived, outside the engine's slots, so it does not count
+        /// against the sandboxes the zygote keeps ready for jobs; the zygote reports its host
+        /// pids (`Assigned`) even without a cgroup handshake.
+        #[serde(default)]
+        session: bool,
     },
     /// The engine is handing job `req` to the launcher of `sandbox` itself (see
     /// [`FromZygote::Launcher`]). Carries the read end of the job's exec-notify pipe. Sent
@@ -79,6 +84,9 @@ pub enum ToZygote {
         timeout_ms: u64,
         #[serde(default)]
         stage_ms: Option<u64>,
+        /// A session's sandbox (see `Spawn`).
+        #[serde(default)]
+        session: bool,
     },
     /// Kill a job's sandbox now (output cap, cancellation).
     Kill { req: u64 },
@@ -100,8 +108,9 @@ pub enum FromZygote {
     },
     /// The zygote could not be set up: the step that failed and why.
     StartFailed { error: SetupError },
-    /// A sandbox was assigned (cgroup handshake only): the host pids of its init and of the
-    /// launcher that becomes the program, both to be placed in the job's cgroup.
+    /// A sandbox was assigned (cgroup handshake, or a session's sandbox): the host pids of its
+    /// init and of the launcher that becomes the program, both to be placed in the job's
+    /// cgroup (and a session's usage read from the init's `/proc`).
     Assigned { req: u64, pids: Vec<i32> },
     /// The sandbox is gone.
     Exited(Exit),

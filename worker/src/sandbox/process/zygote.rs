@@ -220,6 +220,9 @@ struct Sandbox {
     staged: bool,
     /// The network it was built for.
     network: Network,
+    /// A session's sandbox: long-lived and outside the engine's slots, so not counted as a
+    /// running job when the zygote decides whether to build spares.
+    session: bool,
     /// Its `none` network namespace, handed back to the factory once the sandbox is gone.
     netns: Option<NetNs>,
 }
@@ -251,6 +254,7 @@ struct Request {
     req: u64,
     timeout_ms: u64,
     stage_ms: Option<u64>,
+    session: bool,
     network: Network,
     fds: Vec<OwnedFd>,
 }
@@ -394,11 +398,13 @@ impl Zygote {
                 timeout_ms,
                 network,
                 stage_ms,
+                session,
             } => {
                 self.pending.push_back(Request {
                     req,
                     timeout_ms,
                     stage_ms,
+                    session,
                     network,
                     fds: msg.fds,
                 });
@@ -408,7 +414,8 @@ impl Zygote {
                 sandbox,
                 timeout_ms,
                 stage_ms,
-            } => self.on_started(req, sandbox, (timeout_ms, stage_ms), msg.fds),
+                session,
+            } => self.on_started(req, sandbox, (timeout_ms, stage_ms), session, msg.fds),
             ToZygote::Kill { req } => {
                 if let Some(pos) = self.pending.iter().position(|r| r.req == req) {
                     self.pending.remove(pos);
@@ -452,6 +459,7 @@ impl Zygote {
         req: u64,
         sandbox: u64,
         (timeout_ms, stage_ms): (u64, Option<u64>),
+        session: bool,
         fds: Vec<OwnedFd>,
     ) {
         let found = self
@@ -470,7 +478,7 @@ impl Zygote {
             });
             return;
         };
-        self.start_running(pid, req, (timeout_ms, stage_ms), notify_r);
+        self.start_running(pid, req, (timeout_ms, stage_ms), session, notify_r);
     }
 
     /// Sandbox `pid` has job `req`: it runs from now on, and its exec-notify pipe arms its
@@ -480,6 +488,7 @@ impl Zygote {
         pid: i32,
         req: u64,
         (timeout_ms, stage_ms): (u64, Option<u64>),
+        session: bool,
         notify_r: OwnedFd,
     ) {
         let Some(sb) = self.sandboxes.get_mut(&pid) else {
@@ -500,6 +509,7 @@ impl Zygote {
             }
         }
         sb.phase = Phase::Running;
+        sb.session = session;
         sb.staged = stage_ms.is_some();
         sb.req = req;
         sb.timeout_ms = timeout_ms;
@@ -515,9 +525,12 @@ impl Zygote {
         self.by_req.insert(req, pid);
     }
 
-    /// How many sandboxes are in `phase`.
-    fn count(&self, phase: Phase) -> usize {
-        self.sandboxes.values().filter(|s| s.phase == phase).count()
+    /// How many sandboxes run a job (sessions take no slot, so they are not counted).
+    fn running_jobs(&self) -> usize {
+        self.sandboxes
+            .values()
+            .filter(|s| s.phase == Phase::Running && !s.session)
+            .count()
     }
 
     /// How many sandboxes built for `network` are in `phase`.
@@ -620,9 +633,11 @@ impl Zygote {
                 pid,
                 request.req,
                 (request.timeout_ms, request.stage_ms),
+                request.session,
                 notify_r,
             );
-            if handshake {
+            // A session's usage is read from its init's `/proc`: the engine needs its pid.
+            if handshake || request.session {
                 let _ = wire::send(
                     self.control.as_fd(),
                     &FromZygote::Assigned {
@@ -676,7 +691,8 @@ impl Zygote {
     /// exists, fixes its network).
     fn replenish(&mut self) {
         let default = self.cfg.network_default;
-        let running = self.count(Phase::Running);
+        // Sessions take no slot: a long-lived one must not lower the spares kept for jobs.
+        let running = self.running_jobs();
         let handed = self.count_of(Phase::Handed, default);
         let free_slots = (self.cfg.pool - 1).saturating_sub(running).max(1);
         let ready = |z: &Self, network| z.count_of(Phase::Ready, network);
@@ -783,6 +799,7 @@ impl Zygote {
                 used_at_kill: None,
                 staged: false,
                 network,
+                session: false,
                 netns,
             },
         );

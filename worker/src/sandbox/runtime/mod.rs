@@ -13,3 +13,4 @@
 //! A second interpreter joins as a module beside [`python`] with the same three entry points.
 
 pub mod python;
+pub(crate) mod session;
