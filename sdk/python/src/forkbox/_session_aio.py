@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Union
 
 from ._schema import ENQUEUE_LUA, SCHEMA
-from .errors import PartitionsMismatch, SessionEnded, SessionLost, SessionNotFound, Timeout
+from .errors import PartitionsMismatch, ProtocolError, SessionEnded, SessionLost, SessionNotFound, Timeout
 from .job import Data, Limits, encode_data
 from .redis_queue import MAX_PARTITIONS, enqueue_keys_args, partition_of, partition_tag, redis_url_from_env
 from .result import decode_data
@@ -31,17 +31,18 @@ from .session import (
     _entries_of,
     _execution,
     _schema_key,
-    _script_reply,
     _seconds_to_ms,
     _session_call_lua,
     _text,
     _timeout_fields,
     call_args,
+    call_keys,
     check_ok,
     check_path,
     create_job,
     exec_fields,
     opened,
+    script_reply,
     state_of,
 )
 
@@ -299,13 +300,14 @@ class AsyncSession:
 
     async def _call(self, call: CallState) -> Dict[str, Any]:
         r = self.redis
-        keys = [
-            _schema_key("session", self._tag, sid=self.id),
-            _schema_key("calls", self._tag, node=self.node),
-            _schema_key("worker", self._tag, name=self.node),
-            _schema_key("call", self._tag, cid=call.id),
-        ]
-        _script_reply(self.id, await self._script(keys=keys, args=call_args(call, self.node)))
+        for _ in range(3):
+            keys = call_keys(self._tag, self.id, self.node, call.id)
+            moved = script_reply(self.id, await self._script(keys=keys, args=call_args(call.json, self.node, self.id)))
+            if moved is None:
+                break
+            self.node = moved
+        else:
+            raise ProtocolError(f"session {self.id}: its node keeps changing ({self.node})")
         deadline = time.monotonic() + call.wait_s
         while True:
             got = await r.xread({keys[3]: call.after}, count=256, block=int(SLICE_S * 1000))
@@ -315,7 +317,7 @@ class AsyncSession:
             if not got and not await r.exists(keys[2]):
                 if call.feed(_entries_of(await r.xread({keys[3]: call.after}, count=256))) is not None:
                     return call.outcome()
+                script_reply(self.id, await self._script(keys=keys, args=call_args("", self.node, self.id)))
                 raise call.lost(self.node)
             if time.monotonic() > deadline:
                 raise call.too_long(self.node)
-

@@ -66,15 +66,22 @@ __all__ = [
 #: Called with one chunk of text, as the session's program writes it.
 TextCallback = Callable[[str], None]
 
+#: The contract's session settings (``schema.json`` ``sessions``).
+_SESSIONS: Dict[str, Any] = SCHEMA.get("sessions") or {}
+_DEFAULTS: Dict[str, Any] = _SESSIONS.get("defaults") or {}
+
 #: How long one blocking read of a call's events lasts at most, before the heartbeat check.
-SLICE_S = 1.0
+SLICE_S = min(1.0, _DEFAULTS.get("wait_slice_ms", 1000) / 1000)
 
 #: A call's own timeout when none is given (the node's default too).
-DEFAULT_CALL_TIMEOUT_S = 30.0
+DEFAULT_CALL_TIMEOUT_S = _DEFAULTS.get("call_timeout_ms", 30000) / 1000
 
 #: Past a call's timeout, how long the client waits for the node's answer before it gives up
-#: with :class:`Timeout` (the node itself ends an unresponsive session after 5 s).
-CALL_SLACK_S = 30.0
+#: with :class:`Timeout` (the node itself ends an unresponsive session after its backstop).
+CALL_SLACK_S = 30.0 + _DEFAULTS.get("backstop_grace_ms", 5000) / 1000
+
+#: The calls stream's approximate cap (``XADD ... MAXLEN ~``).
+CALLS_MAXLEN: int = _DEFAULTS.get("calls_maxlen", 10000)
 
 #: The runtime a session gets when none is named: the warm interpreter serves ``run_code``.
 DEFAULT_SESSION_RUNTIME = "python"
@@ -86,12 +93,35 @@ _OPS = ("run_code", "exec", "files_write", "files_read", "files_list", "files_re
 
 
 def _schema_key(which: str, tag: str, **parts: str) -> str:
-    if which not in SCHEMA["keys"]:
+    template = SCHEMA["keys"].get(which) or (_SESSIONS.get("keys") or {}).get(which)
+    if not isinstance(template, str):
         raise ForkboxError(
             f"this forkbox package's schema.json has no `{which}` key: it predates sessions; "
             "install a forkbox SDK built with session support"
         )
-    return key(which, tag, **parts)
+    out = template.replace("{Q}", "{" + tag + "}", 1)
+    for part, value in parts.items():
+        out = out.replace(f"<{part}>", value)
+    return out
+
+
+def call_keys(tag: str, sid: str, node: str, cid: str) -> List[str]:
+    """KEYS of the call script: the session's hash, its node's calls stream and heartbeat, the
+    call's event stream, the live sessions."""
+    return [
+        _schema_key("session", tag, sid=sid),
+        _schema_key("calls", tag, node=node),
+        _schema_key("worker", tag, name=node),
+        _schema_key("call", tag, cid=cid),
+        _schema_key("sessions", tag),
+    ]
+
+
+def call_args(call_json: str, node: str, sid: str) -> List[Any]:
+    """ARGV of the call script: the call JSON (``""`` checks the session alone), the node read
+    from the session's hash, the calls stream's cap, now (ms), the session id, and how long an
+    ended session's record lives when it does not say."""
+    return [call_json, node, CALLS_MAXLEN, int(time.time() * 1000), sid, SCHEMA["defaults"]["result_ttl_s"]]
 
 
 def _session_call_lua() -> str:
@@ -362,19 +392,24 @@ def session_error(sid: str, message: str, reason: Optional[str] = None) -> Sessi
     return SessionCallError(sid, text, f"session {sid}: {text}")
 
 
-def _script_reply(sid: str, reply: Any) -> None:
-    """Accepts the call script's OK; raises what a refusal means."""
-    if isinstance(reply, (list, tuple)):
-        if not reply:
-            raise ProtocolError(f"session {sid}: the call script answered an empty list")
-        status = _text(reply[0])
-        if status in ("1", "OK", "ok"):
-            return
-        raise session_error(sid, _text(reply[1]) if len(reply) > 1 else status)
-    text = _text(reply) if reply is not None else ""
-    if text in ("OK", "ok", "1"):
-        return
-    raise session_error(sid, text or "the call script refused the call without a reason")
+def script_reply(sid: str, reply: Any) -> Optional[str]:
+    """Accepts the call script's ``{'ok', entry}``; returns the node named by ``{'moved',
+    ...}`` (the caller reads the hash again); raises what a refusal means."""
+    if not isinstance(reply, (list, tuple)) or not reply:
+        raise ProtocolError(f"session {sid}: the call script answered {reply!r:.80}")
+    code = _text(reply[0])
+    message = _text(reply[1]) if len(reply) > 1 else ""
+    if code == "ok":
+        return None
+    if code == "moved":
+        return message.rsplit(" ", 1)[-1]
+    if code == "lost":
+        raise session_error(sid, message or "session lost", "session_lost")
+    if code == "ended":
+        raise session_error(sid, message or "session ended: unknown", "session_ended")
+    if code == "unknown":
+        raise session_error(sid, "unknown session")
+    raise session_error(sid, f"{code}: {message}")
 
 
 # -- one call's wire form and its events --------------------------------------------------------
@@ -810,18 +845,16 @@ class Session:
         call = CallState(self.id, op, fields, _seconds_to_ms("timeout", timeout))
         return check_ok(self.id, op, self._call(call))
 
-    def _keys(self, call: CallState) -> List[str]:
-        return [
-            _schema_key("session", self._tag, sid=self.id),
-            _schema_key("calls", self._tag, node=self.node),
-            _schema_key("worker", self._tag, name=self.node),
-            _schema_key("call", self._tag, cid=call.id),
-        ]
-
     def _call(self, call: CallState) -> Dict[str, Any]:
         r = self.queue.redis
-        keys = self._keys(call)
-        _script_reply(self.id, self._script(keys=keys, args=call_args(call, self.node)))
+        for _ in range(3):
+            keys = call_keys(self._tag, self.id, self.node, call.id)
+            moved = script_reply(self.id, self._script(keys=keys, args=call_args(call.json, self.node, self.id)))
+            if moved is None:
+                break
+            self.node = moved
+        else:
+            raise ProtocolError(f"session {self.id}: its node keeps changing ({self.node})")
         deadline = time.monotonic() + call.wait_s
         while True:
             got = r.xread({keys[3]: call.after}, count=256, block=int(SLICE_S * 1000))
@@ -832,6 +865,8 @@ class Session:
                 # One more read: the terminal event may have landed just before the node left.
                 if call.feed(_entries_of(r.xread({keys[3]: call.after}, count=256))) is not None:
                     return call.outcome()
+                # Marks the session lost for everyone (the script's check of the node alone).
+                script_reply(self.id, self._script(keys=keys, args=call_args("", self.node, self.id)))
                 raise call.lost(self.node)
             if time.monotonic() > deadline:
                 raise call.too_long(self.node)
@@ -842,11 +877,6 @@ def _entries_of(got: Any) -> List[Any]:
     for _stream, entries in got or []:
         out.extend(entries)
     return out
-
-
-def call_args(call: CallState, node: str) -> List[Any]:
-    """ARGV of the call script: the call JSON, the node read from the session's hash, now (ms)."""
-    return [call.json, node, int(time.time() * 1000)]
 
 
 def _timeout_fields(ttl_s: Optional[int], idle_s: Optional[int]) -> Dict[str, Any]:
