@@ -46,6 +46,7 @@ pub fn contract() -> Value {
         output_mode: Some(OutputMode::Truncate),
         network: Some(Network::Loopback),
         compile: Some(CompileStage::shell("x")),
+        session: Some(crate::session::SessionSpec::default()),
         ..Job::shell("x")
     };
     let mut job_fields: Vec<String> = object_keys(&every_field);
@@ -129,7 +130,72 @@ pub fn contract() -> Value {
             "meta": q.meta(),
         },
         "partitions": partitions_contract(),
-        "scripts": {"enqueue": ENQUEUE_LUA, "job_state": JOB_STATE_LUA},
+        "scripts": {
+            "enqueue": ENQUEUE_LUA,
+            "job_state": JOB_STATE_LUA,
+            "session_call": SESSION_CALL_LUA,
+            "session_open": SESSION_OPEN_LUA,
+            "session_end": SESSION_END_LUA,
+        },
+        "sessions": sessions_contract(&q),
+    })
+}
+
+/// The script a client sends a call to a session with (and checks a session's node with).
+pub const SESSION_CALL_LUA: &str = include_str!("../lua/session_call.lua");
+
+/// The script a node opens a session with (its create job's result and its record).
+pub const SESSION_OPEN_LUA: &str = include_str!("../lua/session_open.lua");
+
+/// The script a node ends a session with.
+pub const SESSION_END_LUA: &str = include_str!("../lua/session_end.lua");
+
+/// Sessions (docs/protocol.md "Sessions"): the create job's object, the keys, calls, events,
+/// reasons, defaults and bounds.
+fn sessions_contract(q: &Keys) -> Value {
+    use crate::session::*;
+    let ops: serde_json::Map<String, Value> = CallOp::ALL
+        .iter()
+        .map(|op| {
+            let (takes, needs) = op.fields();
+            (
+                op.as_str().to_owned(),
+                json!({"fields": takes, "required": needs, "immediate": op.is_immediate()}),
+            )
+        })
+        .collect();
+    json!({
+        "create_fields": ["ttl_s", "idle_s"],
+        "create_allows": ["id", "limits", "env", "files", "network", "runtime",
+                          "result_ttl_s", "max_attempts", "session"],
+        "call_fields": ["id", "session", "op", "timeout_ms"],
+        "ops": ops,
+        "event_kinds": ["stdout", "stderr", "result", "error"],
+        "error_reasons": ErrorReason::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+        "end_reasons": EndReason::ALL.iter().map(|r| r.as_str()).collect::<Vec<_>>(),
+        "states": ["starting", "live", "ended"],
+        "defaults": {
+            "ttl_s": DEFAULT_SESSION_TTL_S,
+            "idle_s": DEFAULT_SESSION_IDLE_S,
+            "max_s": MAX_SESSION_S,
+            "call_timeout_ms": DEFAULT_CALL_TIMEOUT_MS,
+            "max_call_bytes": MAX_CALL_BYTES,
+            "max_frame_bytes": MAX_FRAME_BYTES,
+            "max_event_data_bytes": MAX_EVENT_DATA_BYTES,
+            "call_queue_len": CALL_QUEUE_LEN,
+            "call_events_linger_ms": CALL_EVENTS_LINGER_MS,
+            "calls_maxlen": CALLS_MAXLEN,
+            "backstop_grace_ms": BACKSTOP_GRACE_MS,
+            "wait_slice_ms": WAIT_SLICE_MS,
+        },
+        "node_maximums": serde_json::to_value(SessionCeilings::default()).expect("serializes"),
+        "stream_fields": {"call": CALL_FIELD, "event": EVENT_FIELD},
+        "keys": {
+            "session": q.session("<sid>"),
+            "sessions": q.sessions(),
+            "calls": q.calls("<node>"),
+            "call": q.call("<cid>"),
+        },
     })
 }
 

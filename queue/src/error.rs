@@ -100,6 +100,12 @@ pub enum QueueError {
         #[source]
         source: serde_json::Error,
     },
+    #[error("session operation on queue {queue}: {source}")]
+    Session {
+        queue: String,
+        #[source]
+        source: redis::RedisError,
+    },
     #[error("cancellation on queue {queue}: {source}")]
     Cancel {
         queue: String,
@@ -185,6 +191,7 @@ impl QueueError {
             | RefreshClaims { source, .. }
             | Results { source, .. }
             | Cancel { source, .. }
+            | Session { source, .. }
             | Heartbeat { source, .. }
             | Stats { source, .. }
             | Rights { source, .. }

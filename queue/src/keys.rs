@@ -260,6 +260,28 @@ impl Keys {
     pub fn replies(&self, name: &str) -> String {
         format!("{}{REPLIES_PREFIX}{name}", self.prefix)
     }
+
+    /// `forkbox:{Q}:session:<sid>` — a session's record (hash: `node`, `state`, `reason`,
+    /// `created_ms`, `expires_ms`, `idle_s`, `last_call_ms`, `spec`, `runtime`, ...).
+    pub fn session(&self, sid: &str) -> String {
+        format!("{}session:{sid}", self.prefix)
+    }
+
+    /// `forkbox:{Q}:sessions` — live session ids (sorted set, score = `expires_ms`).
+    pub fn sessions(&self) -> String {
+        format!("{}sessions", self.prefix)
+    }
+
+    /// `forkbox:{Q}:calls:<node>` — calls to the sessions of node `node` (stream, field
+    /// `call`), read by that node alone.
+    pub fn calls(&self, node: &str) -> String {
+        format!("{}calls:{node}", self.prefix)
+    }
+
+    /// `forkbox:{Q}:call:<cid>` — a call's events (stream, field `event`).
+    pub fn call(&self, cid: &str) -> String {
+        format!("{}call:{cid}", self.prefix)
+    }
 }
 
 fn valid_queue_chars(queue: &str) -> bool {
@@ -333,6 +355,10 @@ mod tests {
         assert_eq!(k.worker("w1"), "forkbox:{default}:worker:w1");
         assert_eq!(k.idem("a"), "forkbox:{default}:idem:a");
         assert_eq!(k.replies("r"), "forkbox:{default}:replies:r");
+        assert_eq!(k.session("s"), "forkbox:{default}:session:s");
+        assert_eq!(k.sessions(), "forkbox:{default}:sessions");
+        assert_eq!(k.calls("w1"), "forkbox:{default}:calls:w1");
+        assert_eq!(k.call("c"), "forkbox:{default}:call:c");
     }
 
     #[test]

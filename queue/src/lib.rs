@@ -49,6 +49,8 @@ mod reply;
 mod results;
 pub mod schema;
 mod scripts;
+pub mod session;
+mod session_ops;
 pub mod topology;
 
 pub use admin::{
@@ -73,6 +75,8 @@ pub use schema::{
     Network, Outcome, OutputMode, Runtime, RuntimeUse, StageLimits, StageOutcome, StageStatus,
     Status,
 };
+pub use session::{Call, CallOp, EndReason, ErrorReason, Event, SessionInfo, SessionOpened};
+pub use session_ops::SessionError;
 
 /// Re-exported so users name the same redis-rs version as this crate.
 pub use redis;

@@ -104,6 +104,10 @@ pub struct Job {
     /// when it exits 0, and sees what it wrote. Absent runs the program alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compile: Option<CompileStage>,
+    /// Open a session (a long-lived sandbox served calls through Redis) instead of running a
+    /// program: such a job has no `cmd`/`argv` (see [`crate::session`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<crate::session::SessionSpec>,
 }
 
 /// The compile stage of a staged job: a command with its own wall-clock limit and limits, run
@@ -638,7 +642,7 @@ pub enum JobError {
     Invalid { field: String, reason: String },
 }
 
-fn invalid(field: impl Into<String>, reason: impl Into<String>) -> JobError {
+pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> JobError {
     JobError::Invalid {
         field: field.into(),
         reason: reason.into(),
@@ -719,6 +723,7 @@ impl Job {
         self.check_cwd()?;
         self.check_bounds()?;
         self.check_compile_stage()?;
+        crate::session::check_create(self)?;
         Ok(())
     }
 
@@ -764,6 +769,10 @@ impl Job {
     /// `cmd` or `argv`, exactly one, non-empty, each string without NUL and within
     /// `MAX_ARG_STRLEN`.
     fn check_command(&self) -> Result<(), JobError> {
+        if self.session.is_some() {
+            // A session has no program of its own: `session::check_create` refuses one.
+            return Ok(());
+        }
         match (&self.cmd, &self.argv) {
             (None, None) => {
                 return Err(invalid(
@@ -1107,7 +1116,7 @@ fn exec_string(field: &str, len: usize) -> Result<(), JobError> {
     Ok(())
 }
 
-fn no_nul(field: &str, s: &str) -> Result<(), JobError> {
+pub(crate) fn no_nul(field: &str, s: &str) -> Result<(), JobError> {
     if s.contains('\0') {
         return Err(invalid(field, "contains a NUL byte"));
     }
@@ -1115,7 +1124,7 @@ fn no_nul(field: &str, s: &str) -> Result<(), JobError> {
 }
 
 /// A path must stay inside the working directory: relative, no `..`, no empty name.
-fn check_relative(field: &str, path: &str) -> Result<(), JobError> {
+pub(crate) fn check_relative(field: &str, path: &str) -> Result<(), JobError> {
     no_nul(field, path)?;
     if path.is_empty() {
         return Err(invalid(field, "path is empty"));
@@ -1391,6 +1400,9 @@ pub struct JobResult {
     /// When the worker had the job's outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<u64>,
+    /// For a session's create job that opened it: the session (see [`crate::session`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<crate::session::SessionOpened>,
 }
 
 impl JobResult {
@@ -1405,6 +1417,7 @@ impl JobResult {
             enqueued_at_ms: None,
             started_at_ms: None,
             finished_at_ms: None,
+            session: None,
         }
     }
 

@@ -30,11 +30,14 @@ pub(crate) struct Scripts {
     pub dlq_requeue: Script,
     pub job_state: Script,
     pub rights: Script,
+    pub session_open: Script,
+    pub session_call: Script,
+    pub session_end: Script,
 }
 
 /// Every script's name and source: what [`SCRIPTS`] loads, and whose headers the calls are
 /// held to.
-pub(crate) const SOURCES: [(&str, &str); 8] = [
+pub(crate) const SOURCES: [(&str, &str); 11] = [
     ("enqueue", include_str!("../lua/enqueue.lua")),
     ("complete", include_str!("../lua/complete.lua")),
     ("refresh_claims", include_str!("../lua/refresh_claims.lua")),
@@ -46,6 +49,9 @@ pub(crate) const SOURCES: [(&str, &str); 8] = [
     ("dlq_requeue", include_str!("../lua/dlq_requeue.lua")),
     ("job_state", include_str!("../lua/job_state.lua")),
     ("rights", include_str!("../lua/rights.lua")),
+    ("session_open", include_str!("../lua/session_open.lua")),
+    ("session_call", include_str!("../lua/session_call.lua")),
+    ("session_end", include_str!("../lua/session_end.lua")),
 ];
 
 fn source(name: &str) -> &'static str {
@@ -65,6 +71,9 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     dlq_requeue: Script::new(source("dlq_requeue")),
     job_state: Script::new(source("job_state")),
     rights: Script::new(source("rights")),
+    session_open: Script::new(source("session_open")),
+    session_call: Script::new(source("session_call")),
+    session_end: Script::new(source("session_end")),
 });
 
 /// The slots one table (`KEYS` or `ARGV`) of a script names.
