@@ -190,3 +190,22 @@ def test_timeouts_are_checked() -> None:
         _seconds_to_ms("timeout", 0)
     with pytest.raises(ValueError, match="ttl_s and/or idle_s"):
         _timeout_fields(None, None)
+
+
+def test_the_call_scripts_answers() -> None:
+    from forkbox.session import call_args, call_keys, script_reply
+
+    assert script_reply("s", [b"ok", b"1-0"]) is None
+    assert script_reply("s", [b"moved", b"the session is on node n2"]) == "n2"
+    with pytest.raises(SessionNotFound):
+        script_reply("s", [b"unknown", b"unknown session"])
+    with pytest.raises(SessionEnded) as ended:
+        script_reply("s", [b"ended", b"session ended: idle"])
+    assert ended.value.reason == "idle"
+    with pytest.raises(SessionLost, match="node n1 stopped answering"):
+        script_reply("s", [b"lost", b"session lost: node n1 stopped answering"])
+    with pytest.raises(forkbox.ProtocolError):
+        script_reply("s", b"OK")
+    keys = call_keys("q", "s1", "n1", "c1")
+    assert all("{q}" in k for k in keys) and keys[0].endswith(":s1") and keys[3].endswith(":c1")
+    assert call_args("{}", "n1", "s1")[:3] == ["{}", "n1", forkbox.session.CALLS_MAXLEN]

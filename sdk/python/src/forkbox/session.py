@@ -571,7 +571,7 @@ def create_job(
         session["ttl_s"] = ttl_s
     if _positive_int("idle_s", idle_s) is not None:
         session["idle_s"] = idle_s
-    job: Dict[str, Any] = {"id": _check_id("session id", sid)}
+    job: Dict[str, Any] = {"id": _check_id("session id", sid), "session": session}
     if merged:
         job["limits"] = merged
     if env is not None:
@@ -586,9 +586,7 @@ def create_job(
         job["runtime"] = runtime
     if result_ttl_s is not None:
         job["result_ttl_s"] = result_ttl_s
-    # Everything but `session` is a job's own field: checked as a job's, by the contract.
     validate_job(job)
-    job["session"] = session
     return job
 
 
