@@ -110,6 +110,20 @@ pub struct WorkerSettings {
     /// ones of the same name and add new languages (see docs/operations.md).
     #[arg(long, env = "FORKBOX_RUNTIMES", value_name = "FILE")]
     pub runtimes: Option<PathBuf>,
+    /// Sessions live on this node at most; a create past it ends with an error naming the
+    /// limit [default: 8].
+    #[arg(long, env = "FORKBOX_MAX_SESSIONS", value_name = "N")]
+    pub max_sessions: Option<usize>,
+    /// The sum of the live sessions' memory_mb may not pass this [default: a quarter of the
+    /// host's memory].
+    #[arg(long, env = "FORKBOX_SESSION_MEMORY_MB", value_name = "MB")]
+    pub session_memory_mb: Option<u64>,
+    /// Largest session.ttl_s a session may ask (and set_timeout set) [default: 3600].
+    #[arg(long, env = "FORKBOX_MAX_SESSION_TTL", value_name = "SECS")]
+    pub max_session_ttl: Option<u64>,
+    /// Largest session.idle_s a session may ask [default: 600].
+    #[arg(long, env = "FORKBOX_MAX_SESSION_IDLE", value_name = "SECS")]
+    pub max_session_idle: Option<u64>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "FORKBOX_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -184,6 +198,10 @@ impl WorkerSettings {
             max_result_bytes,
             allow_eviction,
             runtimes,
+            max_sessions,
+            session_memory_mb,
+            max_session_ttl,
+            max_session_idle,
             config: _,
             sandbox,
         } = file;
@@ -209,6 +227,10 @@ impl WorkerSettings {
             max_result_bytes: self.max_result_bytes.or(max_result_bytes),
             allow_eviction: self.allow_eviction || allow_eviction,
             runtimes: self.runtimes.or(runtimes),
+            max_sessions: self.max_sessions.or(max_sessions),
+            session_memory_mb: self.session_memory_mb.or(session_memory_mb),
+            max_session_ttl: self.max_session_ttl.or(max_session_ttl),
+            max_session_idle: self.max_session_idle.or(max_session_idle),
             config: self.config,
             sandbox: self.sandbox.over(sandbox),
         }
@@ -259,6 +281,10 @@ impl WorkerSettings {
         set(&mut c.queue.max_result_bytes, self.max_result_bytes);
         c.allow_eviction = self.allow_eviction;
         c.runtimes = forkbox::runtimes::Catalogue::load(self.runtimes.as_deref())?;
+        set(&mut c.sessions.max_sessions, self.max_sessions);
+        set(&mut c.sessions.memory_mb, self.session_memory_mb);
+        set(&mut c.sessions.ceilings.ttl_s, self.max_session_ttl);
+        set(&mut c.sessions.ceilings.idle_s, self.max_session_idle);
         // A maximum below a default lowers the default, as for the limits.
         c.queue.max_attempts = c.queue.max_attempts.min(c.ceilings.max_attempts);
         c.queue.result_ttl_s = c.queue.result_ttl_s.min(c.ceilings.result_ttl_s);

@@ -61,6 +61,42 @@ pub struct NodeConfig {
     pub allow_eviction: bool,
     /// The languages the node probes at start and publishes with its heartbeat.
     pub runtimes: crate::runtimes::Catalogue,
+    /// How many sessions, how much memory for them, and their maximum lifetimes.
+    pub sessions: SessionSettings,
+}
+
+/// A node's capacity for sessions (docs/protocol.md "Sessions").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// Sessions live at once (`--max-sessions`); 0 serves none.
+    pub max_sessions: usize,
+    /// The most the live sessions' `memory_mb` may sum to (`--session-memory-mb`).
+    pub memory_mb: u64,
+    /// The most `ttl_s` and `idle_s` a session may ask (`--max-session-ttl`,
+    /// `--max-session-idle`).
+    pub ceilings: forkbox_queue::session::SessionCeilings,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        SessionSettings {
+            max_sessions: 8,
+            memory_mb: host_memory_mb() / 4,
+            ceilings: Default::default(),
+        }
+    }
+}
+
+/// The host's memory (`MemTotal`), in MiB; 4096 when it cannot be read.
+fn host_memory_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(4096, |kb| kb / 1024)
 }
 
 impl NodeConfig {
@@ -84,6 +120,7 @@ impl NodeConfig {
             collect_max_bytes: crate::sandbox::EngineConfig::default().collect_max_bytes,
             allow_eviction: false,
             runtimes: crate::runtimes::Catalogue::builtin(),
+            sessions: SessionSettings::default(),
         }
     }
 

@@ -41,6 +41,11 @@ pub const DEAD_LETTERS: &str = "forkbox_dead_letter_total";
 pub const WATCHDOG_OVERSHOOT: &str = "forkbox_watchdog_overshoot_seconds";
 pub const REDIS_DATA_LOST: &str = "forkbox_redis_data_lost_total";
 pub const RESULTS_LOST: &str = "forkbox_results_lost_total";
+pub const SESSIONS_LIVE: &str = "forkbox_sessions_live";
+pub const SESSIONS_CREATED: &str = "forkbox_sessions_created_total";
+pub const SESSIONS_ENDED: &str = "forkbox_sessions_ended_total";
+pub const SESSION_CALLS: &str = "forkbox_session_calls_total";
+pub const SESSION_CALL_DURATION: &str = "forkbox_session_call_seconds";
 
 /// Job wall time: 1 ms to 10 min.
 const DURATION_BUCKETS: &[f64] = &[
@@ -72,6 +77,11 @@ pub fn install() -> Result<PrometheusHandle, NodeError> {
         .set_buckets_for_metric(Matcher::Full(WATCHDOG_OVERSHOOT.into()), FINE_BUCKETS)
         .map_err(err)?
         .set_buckets_for_metric(Matcher::Full(QUEUE_WAIT.into()), WAIT_BUCKETS)
+        .map_err(err)?
+        .set_buckets_for_metric(
+            Matcher::Full(SESSION_CALL_DURATION.into()),
+            DURATION_BUCKETS,
+        )
         .map_err(err)?;
     let handle = builder.install_recorder().map_err(err)?;
     describe();
@@ -132,6 +142,15 @@ fn describe() {
         "Results computed and not stored: the entry was gone and no result existed (lost with \
          Redis' data)."
     );
+    describe_gauge!(SESSIONS_LIVE, "Sessions live on this node.");
+    describe_counter!(SESSIONS_CREATED, "Sessions this node opened.");
+    describe_counter!(SESSIONS_ENDED, "Sessions this node ended, by reason.");
+    describe_counter!(SESSION_CALLS, "Calls to this node's sessions, by op.");
+    describe_histogram!(
+        SESSION_CALL_DURATION,
+        Unit::Seconds,
+        "Session calls: from the node reading the call to its terminal event, by op."
+    );
     describe_histogram!(
         WATCHDOG_OVERSHOOT,
         Unit::Seconds,
@@ -164,6 +183,15 @@ pub fn register(queues: &[String], slots: usize) {
     metrics::gauge!(SLOTS).set(slots as f64);
     metrics::gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let _ = metrics::histogram!(WATCHDOG_OVERSHOOT);
+    metrics::gauge!(SESSIONS_LIVE).set(0.0);
+    metrics::counter!(SESSIONS_CREATED).absolute(0);
+    for reason in forkbox_queue::EndReason::ALL {
+        metrics::counter!(SESSIONS_ENDED, "reason" => reason.as_str()).absolute(0);
+    }
+    for op in forkbox_queue::CallOp::ALL {
+        metrics::counter!(SESSION_CALLS, "op" => op.as_str()).absolute(0);
+        let _ = metrics::histogram!(SESSION_CALL_DURATION, "op" => op.as_str());
+    }
 }
 
 /// What `/healthz` reports.

@@ -33,6 +33,9 @@
 //!   and the node's descriptor headroom.
 //! - [`preflight`]: what the node checks of its Redis before it reads (eviction policy, largest
 //!   value Redis takes).
+//! - `session`, `session_task`, `session_relay`: sessions (long-lived sandboxes served calls
+//!   through Redis): opening them from their create jobs, routing calls, one task per session
+//!   owning its sandbox, and the pure pieces (capacity, output cap, clocks).
 //! - [`config`]: the resolved settings of a node ([`NodeConfig`]), their defaults and checks.
 //!
 //! The command-line entry points (`forkbox worker`, `up`, the client commands) live in the
@@ -57,6 +60,9 @@ mod path_test;
 pub mod preflight;
 pub mod reader;
 pub(crate) mod seam;
+pub(crate) mod session;
+pub(crate) mod session_relay;
+pub(crate) mod session_task;
 pub mod shared;
 pub mod stop;
 pub mod upkeep;

@@ -305,6 +305,14 @@ impl Reader {
 /// in read order for an engine slot (see [`job`](crate::node::job)).
 fn admit(shared: &Arc<Shared>, d: Delivery, permits: Permits, outbox: &Outbox) {
     shared.held.add(&d.queue, d.partition, &d.entry_id);
+    // A session's create job opens a session: no engine slot, its admission given back once
+    // the session is open.
+    let creates_session = d.job.as_ref().is_ok_and(|j| j.session.is_some());
+    if let Some(sessions) = shared.sessions.get().filter(|_| creates_session) {
+        let unfinished = Unfinished::count(shared);
+        sessions.open(shared.clone(), d, permits, outbox.clone(), unfinished);
+        return;
+    }
     let queued = Queued {
         unfinished: Unfinished::count(shared),
         d,

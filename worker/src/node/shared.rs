@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub held: Arc<Held>,
     pub board: Arc<CancelBoard>,
     pub health: Arc<RedisHealth>,
+    /// Where session create jobs go instead of the dispatcher (set once the queues are open).
+    pub sessions: std::sync::OnceLock<Arc<crate::node::session::Sessions>>,
 }
 
 /// How read entries wait for a run: the slots that bound the reading, the deliveries waiting

@@ -28,6 +28,7 @@ use crate::node::outbox::{self, Completer, Outbox, ReadGate, ReadWith};
 use crate::node::preflight;
 use crate::node::reader::Reader;
 use crate::node::seam::{JobQueue, Runner};
+use crate::node::session::Sessions;
 use crate::node::shared::{Intake, Lifetime, SandboxWatch, Shared};
 use crate::node::stop::{StopHandle, StopLevel};
 use crate::node::upkeep;
@@ -92,6 +93,7 @@ impl Node {
         let health = Arc::new(RedisHealth::default());
         // Probed beside serving, in sandboxes of the engine's own, without taking job slots.
         let prober = engine.clone();
+        let session_engine = engine.clone();
         let runner: Arc<dyn Runner> = Arc::new(engine);
         let (status, sandbox) = watch_sandbox(&runner, &health, &stop);
         let mut background = Vec::new();
@@ -123,6 +125,16 @@ impl Node {
         let queue: Arc<dyn JobQueue> = Arc::new(set.clone());
         let path = (queue, runner, reads_with_completions);
         let parts = Parts::new(config, path, health.clone(), &stop_rx, sandbox);
+        let sessions = Arc::new(Sessions::new(
+            parts.shared.name.clone(),
+            session_engine,
+            parts.shared.config.sessions,
+            set.clone(),
+            health.clone(),
+            parts.shared.config.ceilings.timeout_ms,
+        ));
+        sessions.start();
+        let _ = parts.shared.sessions.set(sessions.clone());
         start_beside(&parts.shared, &set, &broker, prober, &mut background);
         let on_ready = move || on_ready(metrics_addr);
         let (shared, outbox, completer, stopped_reading) =
@@ -135,6 +147,9 @@ impl Node {
         drop(outbox);
         wait_for_jobs(&shared, &stop, drain_started).await;
         let unflushed = flush(&shared.config, completer, drain_started).await;
+        // Sessions end before the heartbeat goes: their callers learn `node_stopped`, not
+        // `session lost`.
+        sessions.stop_all().await;
         for task in background {
             task.abort();
         }
@@ -270,6 +285,7 @@ impl Parts {
             held: Arc::new(Held::default()),
             board: Arc::new(CancelBoard::default()),
             health,
+            sessions: std::sync::OnceLock::new(),
             intake: Intake {
                 slots: SlotPool::new(config.slots, config.prefetch),
                 queued,

@@ -1,0 +1,480 @@
+//! Sessions on this node: opening them, routing their calls, ending them all at a stop.
+//!
+//! A session's create job, admitted by the reader as any job is, comes here instead of the
+//! dispatcher ([`Sessions::open`]): it takes no engine slot, and its admission is given back
+//! once the session is open (or refused). The session then lives in its own task
+//! ([`session_task`](crate::node::session_task)), which owns its sandbox. One reader task per
+//! queue partition reads `calls:<node>` (plain `XREAD BLOCK` from the node's start, retried
+//! with back-off while Redis is away) and routes each call to its session's task.
+//! docs/protocol.md ("Sessions") is the contract.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use forkbox_queue::schema::EffectiveLimits;
+use forkbox_queue::session::{Call, ErrorReason, Event, SessionOpened};
+use forkbox_queue::{Completion, Delivery, Job, JobResult, Outcome, Queue, QueueSet, Status};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::node::admission::Permits;
+use crate::node::config::SessionSettings;
+use crate::node::health::{Backoff, RedisHealth};
+use crate::node::metrics as m;
+use crate::node::outbox::Outbox;
+use crate::node::session_relay::capacity_refusal;
+use crate::node::session_task::{Cmd, SessionTask, TaskSetup};
+use crate::node::shared::{Shared, Unfinished};
+use crate::sandbox::{Engine, OpenError, SandboxSession, SessionSpec};
+
+/// How long a stopping node waits for its sessions to end and be recorded.
+const STOP_WAIT: Duration = Duration::from_secs(15);
+
+/// The node's sessions.
+pub(crate) struct Sessions {
+    name: String,
+    engine: Engine,
+    settings: SessionSettings,
+    queues: QueueSet,
+    health: Arc<RedisHealth>,
+    live: Arc<Mutex<HashMap<String, Entry>>>,
+    /// The longest `timeout_ms` a call may ask: the node's job maximum.
+    max_call_timeout_ms: u64,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    stop_reading: watch::Sender<bool>,
+}
+
+/// One session: opening (no task yet) or live.
+struct Entry {
+    memory_mb: u64,
+    to_task: Option<mpsc::UnboundedSender<Cmd>>,
+}
+
+impl Sessions {
+    pub(crate) fn new(
+        name: String,
+        engine: Engine,
+        settings: SessionSettings,
+        queues: QueueSet,
+        health: Arc<RedisHealth>,
+        max_call_timeout_ms: u64,
+    ) -> Sessions {
+        Sessions {
+            name,
+            engine,
+            settings,
+            queues,
+            health,
+            live: Arc::new(Mutex::new(HashMap::new())),
+            max_call_timeout_ms,
+            tasks: Mutex::new(Vec::new()),
+            stop_reading: watch::channel(false).0,
+        }
+    }
+
+    /// Starts the calls readers, one per queue partition.
+    pub(crate) fn start(self: &Arc<Self>) {
+        for queue in self.queues.queues() {
+            let task = tokio::spawn(self.clone().read_calls(queue.clone()));
+            self.tasks.lock().expect("tasks lock").push(task);
+        }
+    }
+
+    /// Opens the session `d` creates, in a task of its own; `permits` are given back once it is
+    /// open or refused.
+    pub(crate) fn open(
+        self: &Arc<Self>,
+        shared: Arc<Shared>,
+        d: Delivery,
+        permits: Permits,
+        outbox: Outbox,
+        unfinished: Unfinished,
+    ) {
+        let sessions = self.clone();
+        tokio::spawn(async move {
+            sessions.open_one(&shared, d, permits, outbox).await;
+            drop(unfinished);
+        });
+    }
+
+    async fn open_one(&self, shared: &Shared, d: Delivery, permits: Permits, outbox: Outbox) {
+        let Permits { admission, hold } = permits;
+        drop(admission);
+        let Ok(job) = d.job.clone() else {
+            return;
+        };
+        let refuse = |d: Delivery, status: Status, why: String, hold| {
+            tracing::info!(queue = d.queue, "session {} not opened: {why}", d.id);
+            let result = result_of(shared, &d, Outcome::not_run(status, why));
+            outbox.complete(d, result, hold);
+        };
+        let spec = job.session.unwrap_or_default();
+        let checked = shared
+            .config
+            .ceilings
+            .check(&job)
+            .and_then(|()| self.settings.ceilings.check(&spec));
+        if let Err(e) = checked {
+            return refuse(d, Status::Invalid, e.to_string(), hold);
+        }
+        let Some(queue) = self.queues.get(&d.queue, d.partition).cloned() else {
+            return refuse(d, Status::Error, "not a queue of this node".into(), hold);
+        };
+        let defaults = shared
+            .config
+            .ceilings
+            .clamp_defaults(&EffectiveLimits::default());
+        let limits = job.limits.resolve(&defaults);
+        if let Err(why) = self.reserve(&d.id, limits.memory_mb) {
+            return refuse(d, Status::Error, why, hold);
+        }
+        let (ttl_s, idle_s) = self.settings.ceilings.resolve(&spec);
+        // The sandbox's own deadline leaves room for set_timeout to move the end later.
+        let sandbox_ttl_ms = (self.settings.ceilings.ttl_s * 2_000)
+            .max(ttl_s * 1000)
+            .min(forkbox_queue::schema::MAX_TIMEOUT_MS);
+        let opened = self
+            .engine
+            .open_session(SessionSpec {
+                limits: job.limits,
+                env: job.env.clone(),
+                files: job.files.clone(),
+                network: job.network,
+                runtime: job.runtime,
+                ttl_ms: sandbox_ttl_ms,
+            })
+            .await;
+        let session = match opened {
+            Ok(s) => s,
+            Err(e) => {
+                self.release(&d.id);
+                let status = match e {
+                    OpenError::Invalid(_) => Status::Invalid,
+                    OpenError::Failed(_) => Status::Error,
+                };
+                return refuse(d, status, e.to_string(), hold);
+            }
+        };
+        let open = Opening {
+            job: &job,
+            ttl_s,
+            idle_s,
+            output_bytes: limits.output_bytes,
+            memory_mb: limits.memory_mb,
+            sandbox_ttl_ms,
+        };
+        match self.record(shared, &queue, &d, &session, &open).await {
+            Some(setup) => {
+                drop(hold);
+                shared.held.remove(&d.queue, d.partition, &d.entry_id);
+                self.go_live(queue, session, setup);
+            }
+            None => {
+                drop(hold);
+                shared.held.remove(&d.queue, d.partition, &d.entry_id);
+                let _ = session.kill().await;
+                self.release(&d.id);
+            }
+        }
+    }
+
+    /// Stores the create job's result and the session's record; retried while Redis is away.
+    /// `None` when the session must not go live (another delivery answered it first, or the
+    /// node stops meanwhile).
+    async fn record(
+        &self,
+        shared: &Shared,
+        queue: &Queue,
+        d: &Delivery,
+        session: &SandboxSession,
+        open: &Opening<'_>,
+    ) -> Option<TaskSetup> {
+        let created_ms = forkbox_queue::now_ms();
+        let expires_ms = created_ms + open.ttl_s * 1000;
+        let mut result = result_of(shared, d, ok_outcome(session));
+        result.session = Some(SessionOpened {
+            id: d.id.clone(),
+            node: self.name.clone(),
+            expires_ms,
+            idle_s: open.idle_s,
+            runtime: session.runtime().cloned(),
+        });
+        let mut spec = serde_json::to_value(open.job).unwrap_or_default();
+        if let Some(o) = spec.as_object_mut() {
+            o.remove("files");
+        }
+        let runtime = open.job.runtime.map(|r| r.as_str()).unwrap_or_default();
+        let fields = [
+            ("node", self.name.clone()),
+            ("state", "live".to_owned()),
+            ("created_ms", created_ms.to_string()),
+            ("expires_ms", expires_ms.to_string()),
+            ("idle_s", open.idle_s.to_string()),
+            ("last_call_ms", created_ms.to_string()),
+            ("spec", spec.to_string()),
+            ("runtime", runtime.to_owned()),
+            ("memory_mb", open.memory_mb.to_string()),
+        ];
+        let mut backoff = Backoff::default();
+        loop {
+            match queue
+                .open_session_record(d, &result, expires_ms, &fields)
+                .await
+            {
+                Ok(Completion::Stored) => break,
+                Ok(other) => {
+                    tracing::info!(
+                        queue = d.queue,
+                        "session {}: its create job was answered already ({other:?})",
+                        d.id
+                    );
+                    return None;
+                }
+                Err(e) if e.is_connection() => {
+                    self.health.failed("opening a session", &e);
+                    if !shared.pause(backoff.next_delay()).await {
+                        return None;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(queue = d.queue, "session {}: {e}", d.id);
+                    return None;
+                }
+            }
+        }
+        self.health.ok();
+        Some(TaskSetup {
+            sid: d.id.clone(),
+            node: self.name.clone(),
+            created_ms,
+            expires_ms,
+            idle_s: open.idle_s,
+            output_bytes: open.output_bytes,
+            memory_mb: open.memory_mb,
+            runtime: runtime.to_owned(),
+            sandbox_deadline: Instant::now() + Duration::from_millis(open.sandbox_ttl_ms),
+            ceilings: self.settings.ceilings,
+            health: self.health.clone(),
+        })
+    }
+
+    /// Starts the session's task and routes its calls to it.
+    fn go_live(&self, queue: Queue, session: SandboxSession, setup: TaskSetup) {
+        let sid = setup.sid.clone();
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(e) = self.live.lock().expect("live lock").get_mut(&sid) {
+            e.to_task = Some(tx);
+        }
+        ::metrics::counter!(m::SESSIONS_CREATED).increment(1);
+        tracing::info!(queue = queue.name(), "session {sid} open");
+        let task = SessionTask::new(setup, queue, session, rx);
+        let live = self.live_handle();
+        let handle = tokio::spawn(async move {
+            let reason = task.run().await;
+            ::metrics::counter!(m::SESSIONS_ENDED, "reason" => reason.as_str()).increment(1);
+            live(&sid);
+        });
+        self.tasks.lock().expect("tasks lock").push(handle);
+    }
+
+    /// A function that forgets a session once its task ended (its capacity released).
+    fn live_handle(&self) -> impl Fn(&str) + Send + 'static {
+        let live = self.live.clone();
+        move |sid: &str| {
+            let mut l = live.lock().expect("live lock");
+            l.remove(sid);
+            ::metrics::gauge!(m::SESSIONS_LIVE).set(l.len() as f64);
+        }
+    }
+
+    /// Reserves room for a session of `memory_mb`, or says which limit refuses it.
+    fn reserve(&self, sid: &str, memory_mb: u64) -> Result<(), String> {
+        let mut live = self.live.lock().expect("live lock");
+        let used: u64 = live.values().map(|e| e.memory_mb).sum();
+        if let Some(why) = capacity_refusal(&self.settings, &self.name, live.len(), used, memory_mb)
+        {
+            return Err(why);
+        }
+        live.insert(
+            sid.to_owned(),
+            Entry {
+                memory_mb,
+                to_task: None,
+            },
+        );
+        ::metrics::gauge!(m::SESSIONS_LIVE).set(live.len() as f64);
+        Ok(())
+    }
+
+    fn release(&self, sid: &str) {
+        let mut live = self.live.lock().expect("live lock");
+        live.remove(sid);
+        ::metrics::gauge!(m::SESSIONS_LIVE).set(live.len() as f64);
+    }
+
+    /// Reads this node's calls on `queue` (one partition) until the node stops.
+    async fn read_calls(self: Arc<Self>, queue: Queue) {
+        let mut after = Queue::calls_start_id();
+        let mut backoff = Backoff::default();
+        let mut stop = self.stop_reading.subscribe();
+        let max_timeout_ms = self.max_call_timeout_ms;
+        loop {
+            let read = queue.read_calls(&self.name, &after, 64, Duration::from_millis(1000));
+            let got = tokio::select! {
+                r = read => r,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            match got {
+                Ok(calls) => {
+                    backoff.reset();
+                    for (entry, payload) in calls {
+                        after = entry;
+                        self.route(&queue, &payload, max_timeout_ms);
+                    }
+                }
+                Err(e) => {
+                    self.health.failed("reading session calls", &e);
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
+                        _ = stop.wait_for(|s| *s) => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands one call to its session's task, or answers it at once when it cannot run.
+    fn route(&self, queue: &Queue, payload: &[u8], max_timeout_ms: u64) {
+        let call = match Call::parse(payload, max_timeout_ms) {
+            Ok(call) => call,
+            Err(e) => {
+                match lenient_id(payload) {
+                    Some(cid) => spawn_reply(
+                        queue,
+                        cid,
+                        Event::error(ErrorReason::Invalid, e.to_string()),
+                    ),
+                    None => tracing::warn!(
+                        queue = queue.name(),
+                        "a session call without a usable id: {e}"
+                    ),
+                }
+                return;
+            }
+        };
+        ::metrics::counter!(m::SESSION_CALLS, "op" => call.op().as_str()).increment(1);
+        let to = self
+            .live
+            .lock()
+            .expect("live lock")
+            .get(&call.session)
+            .and_then(|e| e.to_task.clone());
+        let refused = match to {
+            Some(to) => to
+                .send(Cmd::Call(call, Instant::now()))
+                .err()
+                .map(|e| match e.0 {
+                    Cmd::Call(c, _) => c,
+                    Cmd::Stop(..) => unreachable!("only calls are sent here"),
+                }),
+            None => Some(call),
+        };
+        if let Some(call) = refused {
+            let why = format!(
+                "session ended: session {} is not live on node {}",
+                call.session, self.name
+            );
+            spawn_reply(queue, call.id, Event::error(ErrorReason::SessionEnded, why));
+        }
+    }
+
+    /// Ends every session (`node_stopped`) and waits for their records, before the node
+    /// removes its heartbeat.
+    pub(crate) async fn stop_all(&self) {
+        let _ = self.stop_reading.send(true);
+        let tasks: Vec<_> = {
+            let live = self.live.lock().expect("live lock");
+            for e in live.values() {
+                if let Some(to) = &e.to_task {
+                    let _ = to.send(Cmd::Stop(
+                        forkbox_queue::EndReason::NodeStopped,
+                        "the node stopped".into(),
+                    ));
+                }
+            }
+            std::mem::take(&mut *self.tasks.lock().expect("tasks lock"))
+        };
+        let n = self.live.lock().expect("live lock").len();
+        if n > 0 {
+            tracing::info!("ending {n} session(s): the node stops");
+        }
+        let _ = tokio::time::timeout(STOP_WAIT, futures_join(tasks)).await;
+    }
+}
+
+async fn futures_join(tasks: Vec<JoinHandle<()>>) {
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+/// What a session is opened with, beside its sandbox.
+struct Opening<'a> {
+    job: &'a Job,
+    ttl_s: u64,
+    idle_s: u64,
+    output_bytes: u64,
+    memory_mb: u64,
+    sandbox_ttl_ms: u64,
+}
+
+/// A create job's `ok` outcome: nothing ran but the session's sandbox.
+fn ok_outcome(session: &SandboxSession) -> Outcome {
+    let mut outcome = Outcome::not_run(Status::Ok, "");
+    outcome.exit_code = 0;
+    outcome.error = None;
+    outcome.runtime = session.runtime().cloned();
+    outcome
+}
+
+fn result_of(shared: &Shared, d: &Delivery, outcome: Outcome) -> JobResult {
+    JobResult {
+        enqueued_at_ms: d.enqueued_at_ms(),
+        finished_at_ms: Some(forkbox_queue::now_ms()),
+        ..JobResult::new(
+            d.id.clone(),
+            outcome,
+            u32::try_from(d.deliveries).unwrap_or(u32::MAX),
+            shared.name.clone(),
+        )
+    }
+}
+
+/// The `id` of a call that did not parse, when it is a usable one.
+fn lenient_id(payload: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    let id = v.get("id")?.as_str()?;
+    let ok = !id.is_empty()
+        && id.len() <= forkbox_queue::schema::MAX_ID_LEN
+        && id.bytes().all(|b| b.is_ascii_graphic());
+    ok.then(|| id.to_owned())
+}
+
+/// Writes one terminal event for call `cid`, in the background (a few tries).
+fn spawn_reply(queue: &Queue, cid: String, event: Event) {
+    let queue = queue.clone();
+    tokio::spawn(async move {
+        let mut backoff = Backoff::default();
+        for _ in 0..20 {
+            match queue.push_events(&cid, std::slice::from_ref(&event)).await {
+                Ok(()) => return,
+                Err(e) if e.is_connection() => tokio::time::sleep(backoff.next_delay()).await,
+                Err(e) => {
+                    tracing::warn!("answering call {cid}: {e}");
+                    return;
+                }
+            }
+        }
+    });
+}

@@ -1,0 +1,429 @@
+//! One live session: the task that owns its sandbox, runs its calls one at a time in arrival
+//! order, serves `interrupt`, `kill`, `info` and `set_timeout` at once, relays the
+//! supervisor's frames as the call's events (checked: see
+//! [`parse_frame`](forkbox_queue::session::parse_frame)), and ends the session at its ttl, its
+//! idle timeout, a kill, a dead or unresponsive sandbox, or the node's stop. What goes to Redis
+//! goes through the session's writer, in order, retried while Redis is away, so the task never
+//! waits on Redis.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use forkbox_queue::session::{
+    parse_frame, Call, CallOp, EndReason, ErrorReason, Event, SessionCeilings, BACKSTOP_GRACE_MS,
+    CALL_QUEUE_LEN,
+};
+use forkbox_queue::Queue;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::node::health::{Backoff, RedisHealth};
+use crate::node::metrics as m;
+use crate::node::session_relay::{CallOutput, Clocks};
+use crate::sandbox::{EndReason as SandboxEnd, SandboxSession, SessionEnd};
+
+/// What the node's call readers and its stop send a session's task.
+pub(crate) enum Cmd {
+    /// A call, and when the node read it.
+    Call(Call, Instant),
+    /// End the session.
+    Stop(EndReason, String),
+}
+
+/// What a session's task starts from, beside its sandbox.
+pub(crate) struct TaskSetup {
+    pub(crate) sid: String,
+    pub(crate) node: String,
+    pub(crate) created_ms: u64,
+    pub(crate) expires_ms: u64,
+    pub(crate) idle_s: u64,
+    pub(crate) output_bytes: u64,
+    pub(crate) memory_mb: u64,
+    pub(crate) runtime: String,
+    /// The sandbox's own deadline: `set_timeout` cannot move the end past it.
+    pub(crate) sandbox_deadline: Instant,
+    pub(crate) ceilings: SessionCeilings,
+    pub(crate) health: Arc<RedisHealth>,
+}
+
+/// The call running in the sandbox.
+struct Running {
+    call: Call,
+    read_at: Instant,
+    output: CallOutput,
+}
+
+pub(crate) struct SessionTask {
+    setup: TaskSetup,
+    session: SandboxSession,
+    calls: mpsc::UnboundedReceiver<Cmd>,
+    clocks: Clocks,
+    waiting: VecDeque<(Call, Instant)>,
+    running: Option<Running>,
+    out: mpsc::UnboundedSender<Out>,
+    writer: tokio::task::JoinHandle<()>,
+    served: u64,
+    execution_count: u64,
+}
+
+/// Why a session ends, and the words for it.
+type Ending = (EndReason, String);
+
+impl SessionTask {
+    pub(crate) fn new(
+        setup: TaskSetup,
+        queue: Queue,
+        session: SandboxSession,
+        calls: mpsc::UnboundedReceiver<Cmd>,
+    ) -> SessionTask {
+        let now = Instant::now();
+        let ttl_left = setup.expires_ms.saturating_sub(forkbox_queue::now_ms());
+        let clocks = Clocks {
+            expires: now + Duration::from_millis(ttl_left),
+            idle: Duration::from_secs(setup.idle_s),
+            last_activity: now,
+            backstop: None,
+        };
+        let (out, rx) = mpsc::unbounded_channel();
+        let writer = tokio::spawn(write(
+            queue,
+            setup.sid.clone(),
+            setup.node.clone(),
+            rx,
+            setup.health.clone(),
+        ));
+        SessionTask {
+            setup,
+            session,
+            calls,
+            clocks,
+            waiting: VecDeque::new(),
+            running: None,
+            out,
+            writer,
+            served: 0,
+            execution_count: 0,
+        }
+    }
+
+    /// Serves the session until it ends; returns why it ended.
+    pub(crate) async fn run(mut self) -> EndReason {
+        let ending = self.serve().await;
+        self.end(ending).await
+    }
+
+    async fn serve(&mut self) -> Ending {
+        loop {
+            if let Err(ending) = self.start_next().await {
+                return ending;
+            }
+            let busy = self.running.is_some() || !self.waiting.is_empty();
+            if let Some(ending) = self.clocks.due(Instant::now(), busy) {
+                return ending;
+            }
+            let wake = tokio::time::Instant::from_std(self.clocks.next(busy));
+            let step = tokio::select! {
+                cmd = self.calls.recv() => match cmd {
+                    Some(Cmd::Call(call, at)) => self.take(call, at),
+                    Some(Cmd::Stop(reason, why)) => Err((reason, why)),
+                    None => Err((EndReason::NodeStopped, "the node stopped".into())),
+                },
+                frame = self.session.recv() => match frame {
+                    Ok(frame) => self.frame(&frame),
+                    Err(end) => Err(ending_of(&end)),
+                },
+                _ = tokio::time::sleep_until(wake) => Ok(()),
+            };
+            if let Err(ending) = step {
+                return ending;
+            }
+        }
+    }
+
+    /// Takes one call: served now when it is immediate, else queued behind the running one.
+    fn take(&mut self, call: Call, at: Instant) -> Result<(), Ending> {
+        self.clocks.last_activity = Instant::now();
+        self.touch(
+            vec![("last_call_ms", forkbox_queue::now_ms().to_string())],
+            None,
+        );
+        let op = call.op();
+        match op {
+            CallOp::Interrupt => {
+                self.session.interrupt();
+                self.answer(&call, at, Map::new());
+            }
+            CallOp::Kill => {
+                self.answer(&call, at, Map::new());
+                return Err((EndReason::Killed, "killed by a kill call".into()));
+            }
+            CallOp::Info => {
+                let info = self.info();
+                self.answer(&call, at, Map::from_iter([("info".to_owned(), info)]));
+            }
+            CallOp::SetTimeout => self.set_timeout(&call, at),
+            _ if self.waiting.len() >= CALL_QUEUE_LEN => {
+                let why = format!("session busy: {CALL_QUEUE_LEN} calls wait already");
+                self.emit(&call.id, Event::error(ErrorReason::Busy, why));
+            }
+            _ => self.waiting.push_back((call, at)),
+        }
+        Ok(())
+    }
+
+    /// Sends the next waiting call to the supervisor when none runs.
+    async fn start_next(&mut self) -> Result<(), Ending> {
+        if self.running.is_some() {
+            return Ok(());
+        }
+        let Some((call, read_at)) = self.waiting.pop_front() else {
+            return Ok(());
+        };
+        let timeout_ms = call.timeout_ms(u64::MAX);
+        let mut frame = serde_json::to_value(&call).expect("a call serializes");
+        frame["timeout_ms"] = json!(timeout_ms);
+        let bytes = frame.to_string();
+        self.clocks.backstop =
+            Some(Instant::now() + Duration::from_millis(timeout_ms + BACKSTOP_GRACE_MS));
+        self.running = Some(Running {
+            call,
+            read_at,
+            output: CallOutput::new(self.setup.output_bytes),
+        });
+        // A supervisor gone makes its end come out of `recv` next.
+        let _ = self.session.send(bytes.as_bytes()).await;
+        Ok(())
+    }
+
+    /// Relays one frame of the supervisor as an event of the running call.
+    fn frame(&mut self, frame: &[u8]) -> Result<(), Ending> {
+        let violation = |why: String| (EndReason::Crashed, format!("protocol violation: {why}"));
+        let Some(running) = self.running.as_mut() else {
+            return Err(violation("a frame while no call runs".into()));
+        };
+        let event = parse_frame(frame, &running.call.id).map_err(violation)?;
+        let Some(event) = running.output.pass(event) else {
+            return Ok(());
+        };
+        let terminal = event.is_terminal();
+        if let Event::Result(r) = &event {
+            if let Some(n) = r.get("execution_count").and_then(Value::as_u64) {
+                self.execution_count = n;
+            }
+        }
+        let cid = running.call.id.clone();
+        if terminal {
+            let running = self.running.take().expect("checked above");
+            record(running.call.op(), running.read_at);
+            self.clocks.backstop = None;
+            self.clocks.last_activity = Instant::now();
+            self.served += 1;
+        }
+        self.emit(&cid, event);
+        Ok(())
+    }
+
+    /// Answers an immediate call with a `result` made by the node.
+    fn answer(&mut self, call: &Call, at: Instant, fields: Map<String, Value>) {
+        let usage = self.session.usage();
+        let mut r = Map::from_iter([
+            ("ok".to_owned(), json!(true)),
+            ("error".to_owned(), Value::Null),
+            ("wall_ms".to_owned(), json!(at.elapsed().as_millis() as u64)),
+            ("cpu_ms".to_owned(), json!(0)),
+            ("session_memory_kb".to_owned(), json!(usage.memory_kb)),
+        ]);
+        r.extend(fields);
+        record(call.op(), at);
+        self.served += 1;
+        self.emit(&call.id, Event::Result(r));
+    }
+
+    fn set_timeout(&mut self, call: &Call, at: Instant) {
+        if let Err(e) = self.setup.ceilings.check_call(call) {
+            let r = Map::from_iter([
+                ("ok".to_owned(), json!(false)),
+                ("error".to_owned(), json!(e.to_string())),
+            ]);
+            return self.answer(call, at, r);
+        }
+        let mut expires_ms = None;
+        if let Some(ttl) = call.ttl_s {
+            let until = Instant::now() + Duration::from_secs(ttl);
+            if until > self.setup.sandbox_deadline {
+                let why = format!(
+                    "ttl_s: {ttl} s from now is past this session's longest life (its sandbox \
+                     ends in {} s)",
+                    self.setup
+                        .sandbox_deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_secs()
+                );
+                let r = Map::from_iter([
+                    ("ok".to_owned(), json!(false)),
+                    ("error".to_owned(), json!(why)),
+                ]);
+                return self.answer(call, at, r);
+            }
+            self.clocks.expires = until;
+            let ms = forkbox_queue::now_ms() + ttl * 1000;
+            self.setup.expires_ms = ms;
+            expires_ms = Some(ms);
+        }
+        let mut fields = Vec::new();
+        if let Some(idle) = call.idle_s {
+            self.clocks.idle = Duration::from_secs(idle);
+            self.setup.idle_s = idle;
+            fields.push(("idle_s", idle.to_string()));
+        }
+        self.touch(fields, expires_ms);
+        let r = Map::from_iter([
+            ("expires_ms".to_owned(), json!(self.setup.expires_ms)),
+            ("idle_s".to_owned(), json!(self.setup.idle_s)),
+        ]);
+        self.answer(call, at, r);
+    }
+
+    /// The session's record and usage, as the `info` op reports it.
+    fn info(&self) -> Value {
+        let usage = self.session.usage();
+        json!({
+            "id": self.setup.sid,
+            "node": self.setup.node,
+            "state": "live",
+            "created_ms": self.setup.created_ms,
+            "expires_ms": self.setup.expires_ms,
+            "idle_s": self.setup.idle_s,
+            "runtime": self.setup.runtime,
+            "memory_mb": self.setup.memory_mb,
+            "memory_kb": usage.memory_kb,
+            "cpu_ms": usage.cpu_ms,
+            "calls_served": self.served,
+            "calls_waiting": self.waiting.len() + usize::from(self.running.is_some()),
+            "execution_count": self.execution_count,
+        })
+    }
+
+    fn emit(&self, cid: &str, event: Event) {
+        let _ = self.out.send(Out::Event(cid.to_owned(), event));
+    }
+
+    fn touch(&self, fields: Vec<(&'static str, String)>, expires_ms: Option<u64>) {
+        let _ = self.out.send(Out::Touch(fields, expires_ms));
+    }
+
+    /// Kills the sandbox, then records the end and ends every call in flight or waiting.
+    async fn end(self, (reason, why): Ending) -> EndReason {
+        let SessionTask {
+            setup,
+            session,
+            waiting,
+            running,
+            out,
+            writer,
+            ..
+        } = self;
+        let _ = session.kill().await;
+        tracing::info!("session {} ended: {} ({why})", setup.sid, reason.as_str());
+        let calls: Vec<String> = running
+            .map(|r| r.call.id)
+            .into_iter()
+            .chain(waiting.into_iter().map(|(c, _)| c.id))
+            .collect();
+        let message = format!("session ended: {} ({why})", reason.as_str());
+        let event = Event::error(ErrorReason::SessionEnded, message);
+        let _ = out.send(Out::End(reason, calls, event));
+        drop(out);
+        let _ = writer.await;
+        reason
+    }
+}
+
+/// Why a session whose sandbox ended by itself is over.
+fn ending_of(end: &SessionEnd) -> Ending {
+    match &end.reason {
+        SandboxEnd::Ttl => (EndReason::Ttl, end.message()),
+        _ => (EndReason::Crashed, end.message()),
+    }
+}
+
+fn record(op: CallOp, read_at: Instant) {
+    ::metrics::histogram!(m::SESSION_CALL_DURATION, "op" => op.as_str())
+        .record(read_at.elapsed().as_secs_f64());
+}
+
+/// What a session's writer sends to Redis, in order.
+enum Out {
+    Event(String, Event),
+    Touch(Vec<(&'static str, String)>, Option<u64>),
+    End(EndReason, Vec<String>, Event),
+}
+
+/// How long the writer keeps trying one write while Redis is away.
+const WRITE_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Writes a session's events and record changes in order; the events of one call that queue
+/// up while a write is on its way go together in the next one.
+async fn write(
+    queue: Queue,
+    sid: String,
+    node: String,
+    mut rx: mpsc::UnboundedReceiver<Out>,
+    health: Arc<RedisHealth>,
+) {
+    let mut next = rx.recv().await;
+    while let Some(out) = next.take() {
+        let out = match out {
+            Out::Event(cid, first) => {
+                let mut events = vec![first];
+                while let Ok(more) = rx.try_recv() {
+                    match more {
+                        Out::Event(c, e) if c == cid => events.push(e),
+                        other => {
+                            next = Some(other);
+                            break;
+                        }
+                    }
+                }
+                Batch::Events(cid, events)
+            }
+            Out::Touch(fields, expires) => Batch::Touch(fields, expires),
+            Out::End(reason, calls, event) => Batch::End(reason, calls, event),
+        };
+        let started = Instant::now();
+        let mut backoff = Backoff::default();
+        loop {
+            let r = match &out {
+                Batch::Events(cid, events) => queue.push_events(cid, events).await,
+                Batch::Touch(fields, expires) => {
+                    queue.update_session_record(&sid, fields, *expires).await
+                }
+                Batch::End(reason, calls, event) => queue
+                    .end_session_record(&sid, &node, *reason, calls, event)
+                    .await
+                    .map(|_| ()),
+            };
+            match r {
+                Ok(()) => break,
+                Err(e) if e.is_connection() && started.elapsed() < WRITE_PATIENCE => {
+                    health.failed("writing a session's events", &e);
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(e) => {
+                    tracing::warn!("session {sid}: a write to Redis was given up: {e}");
+                    break;
+                }
+            }
+        }
+        if next.is_none() {
+            next = rx.recv().await;
+        }
+    }
+}
+
+enum Batch {
+    Events(String, Vec<forkbox_queue::Event>),
+    Touch(Vec<(&'static str, String)>, Option<u64>),
+    End(EndReason, Vec<String>, Event),
+}

@@ -1,0 +1,252 @@
+//! Sessions served by real `forkbox worker` processes against a private redis-server: create,
+//! calls and their events, state across calls, isolation, expiry, kill, capacity, a killed
+//! node, a Redis outage, and the CLI.
+
+mod node_support;
+
+use std::time::{Duration, Instant};
+
+use forkbox_queue::session::{Call, CallOp, ErrorReason, Event, SessionSpec};
+use forkbox_queue::{FileData, Job, Queue, Runtime, SessionError, SessionOpened, Status};
+use forkbox_testkit::RedisServer;
+use node_support::*;
+use serde_json::Value;
+
+fn create(ttl_s: u64, idle_s: u64) -> Job {
+    Job {
+        session: Some(SessionSpec {
+            ttl_s: Some(ttl_s),
+            idle_s: Some(idle_s),
+        }),
+        runtime: Some(Runtime::Python),
+        ..Job::default()
+    }
+}
+
+async fn open(q: &Queue, job: &Job) -> SessionOpened {
+    q.open_session(job, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("session opens: {e}"))
+}
+
+/// Sends `call` and waits for its end: its output events and its terminal event.
+async fn call(q: &Queue, call: Call) -> (Vec<Event>, Event) {
+    let mut seen = Vec::new();
+    let end = q
+        .call_session(&call, Duration::from_secs(30), &mut |e| {
+            seen.push(e.clone())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("call {:?}: {e}", call.op));
+    seen.pop();
+    (seen, end)
+}
+
+fn result(end: &Event) -> &serde_json::Map<String, Value> {
+    match end {
+        Event::Result(r) => r,
+        other => panic!("not a result: {other:?}"),
+    }
+}
+
+async fn run_code(q: &Queue, sid: &str, code: &str) -> serde_json::Map<String, Value> {
+    let (_, end) = call(q, Call::run_code(sid, code)).await;
+    result(&end).clone()
+}
+
+fn worker(server: &RedisServer, name: &str, args: &[&str]) -> WorkerProc {
+    let mut w = WorkerProc::start(&server.url(), name, &[&["--slots", "2"], args].concat());
+    w.wait_ready();
+    w
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_keeps_its_state_streams_its_output_and_keeps_its_files_apart() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-1", &[]);
+    let q = queue(&server.url(), "default").await;
+    let a = open(&q, &create(120, 60)).await;
+    assert_eq!(a.node, "s-node-1");
+    let r = run_code(&q, &a.id, "x = 41").await;
+    assert_eq!(r["ok"], true, "{r:?}");
+    let r = run_code(&q, &a.id, "x + 1").await;
+    assert_eq!(r["text"], "42", "{r:?}");
+    assert_eq!(r["execution_count"], 2);
+
+    // An exec's output comes as it is written: several events before the result.
+    let exec = Call::exec_shell(&a.id, "for i in 1 2 3; do echo $i; sleep 0.3; done; exit 3");
+    let (events, end) = call(&q, exec).await;
+    let out: String = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Stdout { data } => Some(data.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(out, "1\n2\n3\n");
+    assert!(events.len() >= 2, "{events:?}");
+    assert_eq!(result(&end)["exit_code"], 3, "{end:?}");
+
+    // Files persist in one session and are not seen by another.
+    let b = open(&q, &create(120, 60)).await;
+    let write = Call {
+        data: Some(FileData::Text("only a".into())),
+        ..Call::files(&a.id, CallOp::FilesWrite, "notes/a.txt")
+    };
+    let (_, end) = call(&q, write).await;
+    assert_eq!(result(&end)["ok"], true, "{end:?}");
+    let (_, end) = call(
+        &q,
+        Call::files(&a.id, CallOp::FilesRead, "/work/notes/a.txt"),
+    )
+    .await;
+    assert_eq!(result(&end)["data"], "only a", "{end:?}");
+    let (_, end) = call(&q, Call::files(&b.id, CallOp::FilesRead, "notes/a.txt")).await;
+    assert_eq!(result(&end)["ok"], false, "{end:?}");
+    let r = run_code(&q, &b.id, "'x' in globals()").await;
+    assert_eq!(r["text"], "False", "{r:?}");
+
+    // info is answered by the node; a call to an unknown session is refused.
+    let (_, end) = call(&q, Call::new(&a.id, CallOp::Info)).await;
+    let info = &result(&end)["info"];
+    assert_eq!(info["node"], "s-node-1");
+    assert!(info["calls_served"].as_u64().unwrap() >= 5, "{info}");
+    let unknown = q.send_call(&Call::run_code("no-such-session", "1")).await;
+    assert!(
+        matches!(unknown, Err(SessionError::Unknown { .. })),
+        "{unknown:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_end_at_ttl_idle_and_kill_and_later_calls_say_why() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-2", &["--max-sessions", "3"]);
+    let q = queue(&server.url(), "default").await;
+    let ttl = open(&q, &create(2, 60)).await;
+    let idle = open(&q, &create(60, 1)).await;
+    let killed = open(&q, &create(60, 60)).await;
+    // A fourth is past --max-sessions: its create ends with an error naming the limit.
+    let refused = q
+        .open_session(&create(60, 60), Duration::from_secs(60))
+        .await;
+    match refused {
+        Err(SessionError::NotOpened { status, error, .. }) => {
+            assert_eq!(status, Status::Error);
+            assert!(error.contains("--max-sessions"), "{error}");
+            assert!(error.contains("3 of 3"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let (_, end) = call(&q, Call::new(&killed.id, CallOp::Kill)).await;
+    assert_eq!(result(&end)["ok"], true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (sid, reason) in [(&ttl.id, "ttl"), (&idle.id, "idle"), (&killed.id, "killed")] {
+        let r = q.send_call(&Call::run_code(sid, "1")).await;
+        match r {
+            Err(SessionError::Ended { message, .. }) => {
+                assert_eq!(message, format!("session ended: {reason}"), "{sid}")
+            }
+            other => panic!("{sid}: {other:?}"),
+        }
+    }
+    // Capacity came back: a new session opens.
+    open(&q, &create(60, 60)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_killed_node_is_reported_lost_within_seconds() {
+    let server = start_redis();
+    let mut w = worker(&server, "s-node-3", &["--visibility-timeout-ms", "3000"]);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(300, 300)).await;
+    let long = Call {
+        timeout_ms: Some(120_000),
+        ..Call::run_code(&s.id, "import time; time.sleep(100)")
+    };
+    let node = q.send_call(&long).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.kill();
+    let started = Instant::now();
+    let waited = q
+        .wait_call(&s.id, &node, &long.id, Duration::from_secs(60), &mut |_| {})
+        .await;
+    assert!(
+        matches!(waited, Err(SessionError::Lost { .. })),
+        "{waited:?}"
+    );
+    // Within the heartbeat's TTL (3 s here) and a slice, not the call's two minutes.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    let again = q.send_call(&Call::run_code(&s.id, "1")).await;
+    match again {
+        Err(SessionError::Ended { message, .. }) => assert_eq!(message, "session ended: lost"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_answers_after_a_redis_restart() {
+    let mut server = RedisServer::start_persistent().expect("redis-server");
+    let _w = worker(&server, "s-node-4", &[]);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(300, 300)).await;
+    run_code(&q, &s.id, "y = 7").await;
+    server.restart().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let q = queue(&server.url(), "default").await;
+        let c = Call {
+            timeout_ms: Some(5000),
+            ..Call::run_code(&s.id, "y * 6")
+        };
+        match q
+            .call_session(&c, Duration::from_secs(5), &mut |_| {})
+            .await
+        {
+            Ok(end) => {
+                assert_eq!(result(&end)["text"], "42", "{end:?}");
+                break;
+            }
+            Err(e) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no answer after the restart: {e}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clean_stop_ends_every_session_as_node_stopped() {
+    let server = start_redis();
+    let mut w = worker(&server, "s-node-5", &[]);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(300, 300)).await;
+    let long = Call {
+        timeout_ms: Some(60_000),
+        ..Call::run_code(&s.id, "import time; time.sleep(50)")
+    };
+    let node = q.send_call(&long).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    w.signal(nix::sys::signal::Signal::SIGTERM);
+    let end = q
+        .wait_call(&s.id, &node, &long.id, Duration::from_secs(60), &mut |_| {})
+        .await
+        .unwrap();
+    match end {
+        Event::Error { reason, error } => {
+            assert_eq!(reason, ErrorReason::SessionEnded);
+            assert!(error.starts_with("session ended: node_stopped"), "{error}");
+        }
+        other => panic!("{other:?}"),
+    }
+    w.wait_exit(Duration::from_secs(60));
+    let info = q.session_info(&s.id).await.unwrap().unwrap();
+    assert_eq!(info.reason.as_deref(), Some("node_stopped"));
+}
