@@ -5,6 +5,7 @@ when the node is gone, or the session unknown or ended."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from typing import Iterator
@@ -96,3 +97,20 @@ def test_list_reads_the_live_sessions(q: Queue) -> None:
     assert set(got) == {a, b}
     assert got[a].node == "n1" and got[a].state == "live" and got[a].runtime == {"name": "python", "warm": True}
 
+
+
+def test_a_call_the_node_never_answers_ends_when_the_record_says_ended(q: Queue) -> None:
+    """The node ends the session (its record says so) without answering a call sent just
+    before: the wait ends with SessionEnded and the record's reason."""
+    node = "n-" + uuid.uuid4().hex[:6]
+    sid = record(q, node)
+    q.redis.set(_schema_key("worker", q.name, name=node), "1", ex=120)
+    s = Session.connect(sid, q)
+    ender = threading.Timer(0.5, lambda: q.redis.hset(_schema_key("session", q.name, sid=sid), mapping={"state": "ended", "reason": "ttl"}))
+    ender.start()
+    # Without the record check this wait would end with Timeout after 30 s and the slack.
+    with pytest.raises(SessionEnded) as info:
+        s.run_code("1", timeout=30)
+    ender.join()
+    assert info.value.reason == "ttl" and sid in str(info.value)
+    q.redis.delete(_schema_key("worker", q.name, name=node))

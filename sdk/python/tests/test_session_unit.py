@@ -209,3 +209,8 @@ def test_the_call_scripts_answers() -> None:
     keys = call_keys("q", "s1", "n1", "c1")
     assert all("{q}" in k for k in keys) and keys[0].endswith(":s1") and keys[3].endswith(":c1")
     assert call_args("{}", "n1", "s1")[:3] == ["{}", "n1", forkbox.session.CALLS_MAXLEN]
+
+
+def test_an_ended_event_without_a_known_reason_says_ended() -> None:
+    e = session_error("s", "session ended: session s is not live on node n", "session_ended")
+    assert isinstance(e, SessionEnded) and e.reason == "ended" and "not live on node n" in str(e)

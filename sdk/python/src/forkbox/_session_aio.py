@@ -6,6 +6,7 @@ and their errors are :mod:`forkbox.session`'s; only the waiting is async.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any, Awaitable, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Union
@@ -17,6 +18,8 @@ from .redis_queue import MAX_PARTITIONS, enqueue_keys_args, partition_of, partit
 from .result import decode_data
 from .session import (
     DEFAULT_SESSION_RUNTIME,
+    END_REASONS,
+    END_RECORD_WAIT_S,
     SLICE_S,
     CallState,
     CommandResult,
@@ -40,6 +43,7 @@ from .session import (
     check_ok,
     check_path,
     create_job,
+    ended_by_record,
     exec_fields,
     opened,
     script_reply,
@@ -284,10 +288,18 @@ class AsyncSession:
         await self._op("interrupt", {}, None)
 
     async def kill(self) -> None:
+        """See :meth:`forkbox.Session.kill`."""
         try:
             await self._op("kill", {}, None)
         except (SessionEnded, SessionLost, SessionNotFound):
-            pass
+            return
+        key_ = _schema_key("session", self._tag, sid=self.id)
+        deadline = time.monotonic() + END_RECORD_WAIT_S
+        while time.monotonic() < deadline:
+            state = await self.redis.hget(key_, "state")
+            if state is None or _text(state) == "ended":
+                return
+            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         """Closes the Redis connections this session opened (the session itself lives on)."""
@@ -313,11 +325,35 @@ class AsyncSession:
             got = await r.xread({keys[3]: call.after}, count=256, block=int(SLICE_S * 1000))
             for _stream, entries in got or []:
                 if call.feed(entries) is not None:
-                    return call.outcome()
-            if not got and not await r.exists(keys[2]):
+                    return await self._outcome(call)
+            if not got:
+                alive = await r.exists(keys[2])
+                state, reason = await r.hmget(keys[0], "state", "reason")
                 if call.feed(_entries_of(await r.xread({keys[3]: call.after}, count=256))) is not None:
-                    return call.outcome()
-                script_reply(self.id, await self._script(keys=keys, args=call_args("", self.node, self.id)))
-                raise call.lost(self.node)
+                    return await self._outcome(call)
+                if not alive:
+                    script_reply(self.id, await self._script(keys=keys, args=call_args("", self.node, self.id)))
+                    raise call.lost(self.node)
+                if call.ended_without_answer(state, reason):
+                    raise call.ended_error(state, reason)
             if time.monotonic() > deadline:
                 raise call.too_long(self.node)
+
+    async def _outcome(self, call: CallState) -> Dict[str, Any]:
+        """See :meth:`forkbox.Session._outcome`."""
+        try:
+            return call.outcome()
+        except SessionEnded as e:
+            if e.reason in END_REASONS:
+                raise
+            key_ = _schema_key("session", self._tag, sid=self.id)
+            deadline = time.monotonic() + END_RECORD_WAIT_S
+            while time.monotonic() < deadline:
+                state, reason = await self.redis.hmget(key_, "state", "reason")
+                better = ended_by_record(self.id, state, reason, e.detail)
+                if better is not None:
+                    raise better from None
+                if state is None:
+                    break
+                await asyncio.sleep(0.05)
+            raise

@@ -366,9 +366,26 @@ def _ended_reason(message: str) -> Tuple[str, str]:
     for prefix in ("session ended:", "session_ended:", "ended:"):
         if text.lower().startswith(prefix):
             rest = text[len(prefix):].strip()
-            word = rest.split()[0].strip(",.;()") if rest else "ended"
-            return word or "ended", text
+            word = rest.split()[0].strip(",.;()") if rest else ""
+            return (word if word in END_REASONS else "ended"), text
     return "ended", text
+
+
+#: Why a session ends, as its record says (``schema.json`` ``sessions.end_reasons``).
+END_REASONS = tuple(_SESSIONS.get("end_reasons") or ("ttl", "idle", "killed", "crashed", "node_stopped", "lost"))
+
+#: How long a client waits for a session's record to say it ended, once the node said so.
+END_RECORD_WAIT_S = 5.0
+
+
+def ended_by_record(sid: str, state: Any, reason: Any, detail: str) -> Optional[SessionError]:
+    """The error an ended record means (None while it is not ended)."""
+    if state is None or _text(state) != "ended":
+        return None
+    why = _text(reason) if reason is not None else "ended"
+    if why == "lost":
+        return SessionLost(sid, detail or "its node stopped answering")
+    return SessionEnded(sid, why, detail)
 
 
 def session_error(sid: str, message: str, reason: Optional[str] = None) -> SessionError:
@@ -443,6 +460,7 @@ class CallState:
         self.on_stdout = on_stdout
         self.on_stderr = on_stderr
         self.terminal: Optional[Dict[str, Any]] = None
+        self.ended_seen = False
 
     def feed(self, entries: Iterable[Tuple[Any, Mapping[Any, Any]]]) -> Optional[Dict[str, Any]]:
         """Takes stream entries, calls the output callbacks in order, and returns the terminal
@@ -478,6 +496,17 @@ class CallState:
         if ev.get("kind") == "error":
             raise session_error(self.sid, str(ev.get("error") or ""), ev.get("reason"))
         return ev
+
+    def ended_without_answer(self, state: Any, reason: Any) -> bool:
+        """True when the session's record said it ended at two checks in a row and no
+        terminal event came in between: the node ended it and will not answer this call."""
+        ended = state is not None and _text(state) == "ended"
+        seen, self.ended_seen = self.ended_seen, ended
+        return ended and seen
+
+    def ended_error(self, state: Any, reason: Any) -> SessionError:
+        detail = f"the session ended while {self.op} call {self.id} waited"
+        return ended_by_record(self.sid, state, reason, detail) or SessionEnded(self.sid, "ended", detail)
 
     def lost(self, node: str) -> SessionLost:
         return SessionLost(self.sid, f"node {node} stopped answering (no heartbeat) during {self.op} call {self.id}")
@@ -831,11 +860,19 @@ class Session:
         self._op("interrupt", {}, None)
 
     def kill(self) -> None:
-        """Ends the session (reason ``killed``). A session that already ended is left as it is."""
+        """Ends the session (reason ``killed``) and returns once its record says it ended. A
+        session that already ended is left as it is."""
         try:
             self._op("kill", {}, None)
         except (SessionEnded, SessionLost, SessionNotFound):
-            pass
+            return
+        key_ = _schema_key("session", self._tag, sid=self.id)
+        deadline = time.monotonic() + END_RECORD_WAIT_S
+        while time.monotonic() < deadline:
+            state = self.queue.redis.hget(key_, "state")
+            if state is None or _text(state) == "ended":
+                return
+            time.sleep(0.05)
 
     # -- the wire ------------------------------------------------------------------------
 
@@ -858,16 +895,43 @@ class Session:
             got = r.xread({keys[3]: call.after}, count=256, block=int(SLICE_S * 1000))
             for _stream, entries in got or []:
                 if call.feed(entries) is not None:
-                    return call.outcome()
-            if not got and not r.exists(keys[2]):
-                # One more read: the terminal event may have landed just before the node left.
+                    return self._outcome(call)
+            if not got:
+                pipe = r.pipeline(transaction=False)
+                pipe.exists(keys[2])
+                pipe.hmget(keys[0], "state", "reason")
+                alive, (state, reason) = pipe.execute()
+                # One more read: the terminal event may have landed just before the check.
                 if call.feed(_entries_of(r.xread({keys[3]: call.after}, count=256))) is not None:
-                    return call.outcome()
-                # Marks the session lost for everyone (the script's check of the node alone).
-                script_reply(self.id, self._script(keys=keys, args=call_args("", self.node, self.id)))
-                raise call.lost(self.node)
+                    return self._outcome(call)
+                if not alive:
+                    # Marks the session lost for everyone (the script's check of the node alone).
+                    script_reply(self.id, self._script(keys=keys, args=call_args("", self.node, self.id)))
+                    raise call.lost(self.node)
+                if call.ended_without_answer(state, reason):
+                    raise call.ended_error(state, reason)
             if time.monotonic() > deadline:
                 raise call.too_long(self.node)
+
+    def _outcome(self, call: CallState) -> Dict[str, Any]:
+        """The call's outcome; a ``session_ended`` event that does not say why is completed
+        from the session's record, which the node writes as it ends the session."""
+        try:
+            return call.outcome()
+        except SessionEnded as e:
+            if e.reason in END_REASONS:
+                raise
+            key_ = _schema_key("session", self._tag, sid=self.id)
+            deadline = time.monotonic() + END_RECORD_WAIT_S
+            while time.monotonic() < deadline:
+                state, reason = self.queue.redis.hmget(key_, "state", "reason")
+                better = ended_by_record(self.id, state, reason, e.detail)
+                if better is not None:
+                    raise better from None
+                if state is None:
+                    break
+                time.sleep(0.05)
+            raise
 
 
 def _entries_of(got: Any) -> List[Any]:
