@@ -19,6 +19,7 @@ use super::opts::SandboxOpts;
 use super::runtime;
 
 mod queue;
+mod session;
 
 #[derive(Debug, Args)]
 pub struct BenchCmd {
@@ -32,6 +33,9 @@ pub enum BenchWhat {
     Spawn(SpawnArgs),
     /// Queue overhead: end-to-end /bin/true jobs through a node against the raw engine.
     Queue(queue::QueueBenchArgs),
+    /// Sessions at the engine level: open → first run_code, the run_code round trip, idle
+    /// memory, against a warm one-shot job.
+    Session(session::SessionBenchArgs),
 }
 
 #[derive(Debug, Args)]
@@ -192,6 +196,7 @@ pub fn main(cmd: BenchCmd) -> anyhow::Result<ExitCode> {
     match cmd.what {
         BenchWhat::Spawn(args) => spawn(args),
         BenchWhat::Queue(args) => queue::main(args),
+        BenchWhat::Session(args) => session::main(args),
     }
 }
 

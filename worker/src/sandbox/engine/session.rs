@@ -106,16 +106,19 @@ pub enum EndReason {
 }
 
 impl EndReason {
-    /// The protocol's short name for it.
+    /// The protocol's short name for it (`docs/protocol.md`, "Ends"): a supervisor that
+    /// exited or was killed by its own doing, a protocol violation and a failed sandbox are
+    /// all `crashed` ([`SessionEnd::message`] says which).
     pub fn name(&self) -> &'static str {
         match self {
-            EndReason::Exited { .. } | EndReason::Signaled { .. } => "crashed",
+            EndReason::Exited { .. }
+            | EndReason::Signaled { .. }
+            | EndReason::ProtocolViolation(_)
+            | EndReason::Failed(_) => "crashed",
             EndReason::Ttl => "ttl",
             EndReason::Killed => "killed",
             EndReason::MemoryLimit => "memory_limit",
             EndReason::CpuLimit => "cpu_limit",
-            EndReason::ProtocolViolation(_) => "protocol_violation",
-            EndReason::Failed(_) => "failed",
         }
     }
 }

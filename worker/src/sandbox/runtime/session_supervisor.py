@@ -7,25 +7,22 @@
 # kernel is replaced, `state_lost`), `exec` as a child in a process group of its own,
 # `files_*` here, confined to /work. See docs/protocol.md and docs/architecture.md.
 
-import ast
-import base64
+# What every start needs; the rest (ast, base64, linecache, shutil, subprocess, traceback) is
+# imported where it is first used, so the supervisor's start (and a session's open) does not
+# wait for it: the kernel imports its own right after its fork.
 import builtins
 import codecs
 import collections
 import io
 import json
-import linecache
 import os
 import resource
 import select
-import shutil
 import signal
 import stat
 import struct
-import subprocess
 import sys
 import time
-import traceback
 import types
 
 MAX_FRAME = 1024 * 1024
@@ -43,6 +40,10 @@ LIST_MAX = 10000
 
 class CallError(Exception):
     """A call that cannot be served: the result's `error`."""
+
+
+class FrameError(ValueError):
+    """Bytes on a frame pipe that are not a frame."""
 
 
 # --- frames -------------------------------------------------------------------------------
@@ -85,12 +86,18 @@ class FrameReader:
         while len(self.buf) >= 4:
             (n,) = struct.unpack(">I", self.buf[:4])
             if n > MAX_FRAME:
-                raise SystemExit("frame over the bound from the node")
+                raise FrameError("a frame of %d bytes, over the bound" % n)
             if len(self.buf) < 4 + n:
                 break
             body = bytes(self.buf[4 : 4 + n])
             del self.buf[: 4 + n]
-            out.append(json.loads(body))
+            try:
+                frame = json.loads(body)
+            except ValueError as e:
+                raise FrameError("a frame that is not JSON: %s" % e)
+            if not isinstance(frame, dict):
+                raise FrameError("a frame that is not a JSON object")
+            out.append(frame)
         return out
 
 
@@ -118,6 +125,8 @@ def file_data(raw):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
+        import base64
+
         return {"b64": base64.b64encode(raw).decode("ascii")}
 
 
@@ -125,6 +134,8 @@ def data_bytes(data, what):
     if isinstance(data, str):
         return data.encode("utf-8")
     if isinstance(data, dict) and isinstance(data.get("b64"), str):
+        import base64
+
         try:
             return base64.b64decode(data["b64"], validate=True)
         except ValueError as e:
@@ -204,6 +215,8 @@ def files_remove(call):
     try:
         st = os.lstat(full)
         if stat.S_ISDIR(st.st_mode):
+            import shutil
+
             shutil.rmtree(full)
         else:
             os.unlink(full)
@@ -216,19 +229,39 @@ def files_remove(call):
 
 
 def session_memory_kb():
-    """Anonymous and shared resident memory of every process of the sandbox, in KiB."""
+    """What the sandbox's processes hold, counted as the init's memory budget counts it: each
+    one's share of anonymous and shared memory (`smaps_rollup`, so pages a fork shares count
+    once; resident counts of `status` where that cannot be read) and its page tables, in KiB."""
     total = 0
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
             with open("/proc/%s/status" % name) as f:
-                for line in f:
-                    if line.startswith(("RssAnon:", "RssShmem:")):
-                        total += int(line.split()[1])
+                status = kb_fields(f)
+            try:
+                with open("/proc/%s/smaps_rollup" % name) as f:
+                    rollup = kb_fields(f)
+            except OSError:
+                rollup = {}
         except (OSError, ValueError):
             continue
+        if "Pss_Anon" in rollup and "Pss_Shmem" in rollup:
+            held = rollup["Pss_Anon"] + rollup["Pss_Shmem"]
+        else:
+            held = status.get("RssAnon", 0) + status.get("RssShmem", 0)
+        total += held + status.get("VmPTE", 0)
     return total
+
+
+def kb_fields(lines):
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if len(parts) == 2 and parts[1] == "kB":
+            out[key] = int(parts[0])
+    return out
 
 
 # --- the kernel ---------------------------------------------------------------------------
@@ -238,6 +271,12 @@ def kernel_main(ctrl_r, ctrl_w):
     """The kernel's loop: a cell per request on ctrl_r, its reply on ctrl_w."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("MPLBACKEND", "Agg")
+    global ast, base64, linecache, traceback
+    import ast
+    import base64
+    import linecache
+    import traceback
+
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True)
     sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
@@ -471,7 +510,13 @@ class Supervisor:
     def read_calls(self):
         """Reads what the node sent; `interrupt` and `kill` are served at once."""
         self.calls.feed()
-        for call in self.calls.frames():
+        try:
+            frames = self.calls.frames()
+        except FrameError as e:
+            # Only the node writes here: nothing sensible can follow.
+            print("forkbox session: from the node: %s" % e, file=sys.stderr)
+            self.shutdown(2)
+        for call in frames:
             op = call.get("op")
             if op == "kill":
                 self.shutdown(0)
@@ -574,7 +619,14 @@ class Supervisor:
                         self.read_calls()
                     elif fd == k.replies.fd:
                         k.replies.feed()
-                        frames = k.replies.frames()
+                        try:
+                            frames = k.replies.frames()
+                        except FrameError:
+                            # The session's own code can reach this pipe: a kernel whose
+                            # replies cannot be read is replaced, as a dead one is.
+                            frames, k.replies.closed = [], True
+                        if frames and not isinstance(frames[0].get("execution_count"), int):
+                            frames, k.replies.closed = [], True
                         if frames:
                             reply = frames[0]
                         elif k.replies.closed:
@@ -640,6 +692,8 @@ class Supervisor:
         stdin = data_bytes(call["stdin"], "stdin") if call.get("stdin") is not None else b""
         timeout = float(call.get("timeout_ms") or DEFAULT_TIMEOUT_MS) / 1000.0
         cap = int(call.get("output_bytes") or DEFAULT_OUTPUT_BYTES)
+        import subprocess
+
         try:
             child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True)
         except OSError as e:
