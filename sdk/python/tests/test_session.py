@@ -22,6 +22,7 @@ from forkbox import (
     Queue,
     Session,
     SessionCallError,
+    SessionCapacity,
     SessionEnded,
     SessionLost,
     SessionNotFound,
@@ -227,6 +228,25 @@ def test_a_call_to_a_dead_node_raises_session_lost(forkbox_bin: Path, redis_url:
         proc.stop()
         if proc.popen.returncode not in (None, 0, -9, 137):
             print(tail(proc.log), file=sys.stderr)
+
+
+def test_a_node_at_its_session_limit_refuses_with_session_capacity(forkbox_bin: Path, redis_url: str, tmp_root: Path) -> None:
+    proc = Proc(
+        "forkbox worker (one session)",
+        [str(forkbox_bin), "worker", "--redis", redis_url, "--queues", "onesession", "--slots", "1",
+         "--max-sessions", "1", "--metrics-addr", "127.0.0.1:0"],
+        tmp_root / "onesession-worker.log",
+    )  # fmt: skip
+    try:
+        q = Queue(redis_url, "onesession")
+        with Session(q, ttl_s=60, create_timeout=60):
+            with pytest.raises(SessionCapacity) as info:
+                Session(q, ttl_s=60, create_timeout=60)
+            assert "1 of 1 sessions" in str(info.value) and "--max-sessions" in str(info.value), info.value
+        with Session(q, ttl_s=60) as again:  # the slot is free once the first one ended
+            assert again.run_code("2 + 2").text == "4"
+    finally:
+        proc.stop()
 
 
 # -- the framework examples, each running its agent loop against the worker ------------------
