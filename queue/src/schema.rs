@@ -105,9 +105,9 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compile: Option<CompileStage>,
     /// Open a session (a long-lived sandbox served calls through Redis) instead of running a
-    /// program: such a job has no `cmd`/`argv` (see [`crate::session`]).
+    /// program: such a job has no `cmd`/`argv` (see `session`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<crate::session::SessionSpec>,
+    pub session: Option<SessionSpec>,
 }
 
 /// The compile stage of a staged job: a command with its own wall-clock limit and limits, run
@@ -723,7 +723,7 @@ impl Job {
         self.check_cwd()?;
         self.check_bounds()?;
         self.check_compile_stage()?;
-        crate::session::check_create(self)?;
+        check_session_create(self)?;
         Ok(())
     }
 
@@ -1147,6 +1147,86 @@ pub(crate) fn check_relative(field: &str, path: &str) -> Result<(), JobError> {
     Ok(())
 }
 
+/// A session's lifetime when its create job sets no `session.ttl_s`.
+pub const DEFAULT_SESSION_TTL_S: u64 = 600;
+/// A session's idle timeout when its create job sets no `session.idle_s`.
+pub const DEFAULT_SESSION_IDLE_S: u64 = 120;
+/// Upper bound on `ttl_s` and `idle_s` (one week); a node's own maximums are normally lower.
+pub const MAX_SESSION_S: u64 = 7 * 86_400;
+/// The `session` object of a create job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionSpec {
+    /// Lifetime in seconds from the open ([`DEFAULT_SESSION_TTL_S`] when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_s: Option<u64>,
+    /// Ends the session when no call came for this long ([`DEFAULT_SESSION_IDLE_S`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_s: Option<u64>,
+}
+
+impl SessionSpec {
+    pub fn ttl_s(&self) -> u64 {
+        self.ttl_s.unwrap_or(DEFAULT_SESSION_TTL_S)
+    }
+
+    pub fn idle_s(&self) -> u64 {
+        self.idle_s.unwrap_or(DEFAULT_SESSION_IDLE_S)
+    }
+}
+
+/// The create job's rules: no program or program-only setting, `ttl_s`/`idle_s` in range.
+pub(crate) fn check_session_create(job: &Job) -> Result<(), JobError> {
+    let Some(spec) = &job.session else {
+        return Ok(());
+    };
+    let given = [
+        ("cmd", job.cmd.is_some()),
+        ("argv", job.argv.is_some()),
+        ("stdin", job.stdin.is_some()),
+        ("cwd", job.cwd.is_some()),
+        ("timeout_ms", job.timeout_ms.is_some()),
+        ("output_mode", job.output_mode.is_some()),
+        ("collect", !job.collect.is_empty()),
+        ("batch", job.batch.is_some()),
+        ("reply_to", job.reply_to.is_some()),
+        ("compile", job.compile.is_some()),
+    ];
+    if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
+        return Err(invalid(
+            *field,
+            "a session's create job has no program of its own; each call gives its own \
+             command and timeout_ms (allowed with `session`: id, limits, env, files, network, \
+             runtime, result_ttl_s, max_attempts)",
+        ));
+    }
+    for (name, value) in [("ttl_s", spec.ttl_s), ("idle_s", spec.idle_s)] {
+        if let Some(v) = value {
+            if v == 0 || v > MAX_SESSION_S {
+                return Err(invalid(
+                    format!("session.{name}"),
+                    format!("must be between 1 and {MAX_SESSION_S}, got {v}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `session` object of the create job's result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionOpened {
+    pub id: String,
+    /// The node serving it (its worker name).
+    pub node: String,
+    /// When its lifetime ends (Unix ms).
+    pub expires_ms: u64,
+    pub idle_s: u64,
+    /// The warm runtime serving `run_code`, when the create job asked for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeUse>,
+}
+
 /// What bounded a job's memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -1400,9 +1480,9 @@ pub struct JobResult {
     /// When the worker had the job's outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at_ms: Option<u64>,
-    /// For a session's create job that opened it: the session (see [`crate::session`]).
+    /// For a session's create job that opened it: the session (see the `session` module).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session: Option<crate::session::SessionOpened>,
+    pub session: Option<SessionOpened>,
 }
 
 impl JobResult {

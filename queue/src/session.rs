@@ -12,14 +12,11 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::schema::{check_relative, invalid, no_nul, FileData, Job, JobError, RuntimeUse};
+use crate::schema::{check_relative, invalid, no_nul, FileData, Job, JobError};
+pub use crate::schema::{
+    SessionOpened, SessionSpec, DEFAULT_SESSION_IDLE_S, DEFAULT_SESSION_TTL_S, MAX_SESSION_S,
+};
 
-/// A session's lifetime when its create job sets no `session.ttl_s`.
-pub const DEFAULT_SESSION_TTL_S: u64 = 600;
-/// A session's idle timeout when its create job sets no `session.idle_s`.
-pub const DEFAULT_SESSION_IDLE_S: u64 = 120;
-/// Upper bound on `ttl_s` and `idle_s` (one week); a node's own maximums are normally lower.
-pub const MAX_SESSION_S: u64 = 7 * 86_400;
 /// A call's wall-clock limit when it sets no `timeout_ms`.
 pub const DEFAULT_CALL_TIMEOUT_MS: u64 = 30_000;
 /// Longest call JSON (a frame to the session's supervisor is at most [`MAX_FRAME_BYTES`]).
@@ -43,28 +40,6 @@ pub const WAIT_SLICE_MS: u64 = 1_000;
 pub const CALL_FIELD: &str = "call";
 /// Stream entry field of an event (on `call:<cid>`).
 pub const EVENT_FIELD: &str = "event";
-
-/// The `session` object of a create job.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionSpec {
-    /// Lifetime in seconds from the open ([`DEFAULT_SESSION_TTL_S`] when absent).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ttl_s: Option<u64>,
-    /// Ends the session when no call came for this long ([`DEFAULT_SESSION_IDLE_S`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub idle_s: Option<u64>,
-}
-
-impl SessionSpec {
-    pub fn ttl_s(&self) -> u64 {
-        self.ttl_s.unwrap_or(DEFAULT_SESSION_TTL_S)
-    }
-
-    pub fn idle_s(&self) -> u64 {
-        self.idle_s.unwrap_or(DEFAULT_SESSION_IDLE_S)
-    }
-}
 
 /// A node's maximums for a session's `ttl_s` and `idle_s` (`--max-session-ttl`,
 /// `--max-session-idle`). A default above a maximum is lowered to it.
@@ -115,58 +90,6 @@ impl SessionCeilings {
                 .unwrap_or(DEFAULT_SESSION_IDLE_S.min(self.idle_s)),
         )
     }
-}
-
-/// The create job's rules: no program or program-only setting, `ttl_s`/`idle_s` in range.
-pub(crate) fn check_create(job: &Job) -> Result<(), JobError> {
-    let Some(spec) = &job.session else {
-        return Ok(());
-    };
-    let given = [
-        ("cmd", job.cmd.is_some()),
-        ("argv", job.argv.is_some()),
-        ("stdin", job.stdin.is_some()),
-        ("cwd", job.cwd.is_some()),
-        ("timeout_ms", job.timeout_ms.is_some()),
-        ("output_mode", job.output_mode.is_some()),
-        ("collect", !job.collect.is_empty()),
-        ("batch", job.batch.is_some()),
-        ("reply_to", job.reply_to.is_some()),
-        ("compile", job.compile.is_some()),
-    ];
-    if let Some((field, _)) = given.iter().find(|(_, set)| *set) {
-        return Err(invalid(
-            *field,
-            "a session's create job has no program of its own; each call gives its own \
-             command and timeout_ms (allowed with `session`: id, limits, env, files, network, \
-             runtime, result_ttl_s, max_attempts)",
-        ));
-    }
-    for (name, value) in [("ttl_s", spec.ttl_s), ("idle_s", spec.idle_s)] {
-        if let Some(v) = value {
-            if v == 0 || v > MAX_SESSION_S {
-                return Err(invalid(
-                    format!("session.{name}"),
-                    format!("must be between 1 and {MAX_SESSION_S}, got {v}"),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The `session` object of the create job's result.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionOpened {
-    pub id: String,
-    /// The node serving it (its worker name).
-    pub node: String,
-    /// When its lifetime ends (Unix ms).
-    pub expires_ms: u64,
-    pub idle_s: u64,
-    /// The warm runtime serving `run_code`, when the create job asked for one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub runtime: Option<RuntimeUse>,
 }
 
 /// What a call asks of a session.

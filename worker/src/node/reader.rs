@@ -309,8 +309,13 @@ fn admit(shared: &Arc<Shared>, d: Delivery, permits: Permits, outbox: &Outbox) {
     // the session is open.
     let creates_session = d.job.as_ref().is_ok_and(|j| j.session.is_some());
     if let Some(sessions) = shared.sessions.get().filter(|_| creates_session) {
-        let unfinished = Unfinished::count(shared);
-        sessions.open(shared.clone(), d, permits, outbox.clone(), unfinished);
+        let queued = Queued {
+            unfinished: Unfinished::count(shared),
+            d,
+            permits,
+            outbox: outbox.clone(),
+        };
+        sessions.clone().open(shared.clone(), queued);
         return;
     }
     let queued = Queued {

@@ -25,7 +25,7 @@ use crate::node::metrics as m;
 use crate::node::outbox::Outbox;
 use crate::node::session_relay::capacity_refusal;
 use crate::node::session_task::{Cmd, SessionTask, TaskSetup};
-use crate::node::shared::{Shared, Unfinished};
+use crate::node::shared::{Queued, SessionOpener, Shared};
 use crate::sandbox::{Engine, OpenError, SandboxSession, SessionSpec};
 
 /// How long a stopping node waits for its sessions to end and be recorded.
@@ -79,23 +79,6 @@ impl Sessions {
             let task = tokio::spawn(self.clone().read_calls(queue.clone()));
             self.tasks.lock().expect("tasks lock").push(task);
         }
-    }
-
-    /// Opens the session `d` creates, in a task of its own; `permits` are given back once it is
-    /// open or refused.
-    pub(crate) fn open(
-        self: &Arc<Self>,
-        shared: Arc<Shared>,
-        d: Delivery,
-        permits: Permits,
-        outbox: Outbox,
-        unfinished: Unfinished,
-    ) {
-        let sessions = self.clone();
-        tokio::spawn(async move {
-            sessions.open_one(&shared, d, permits, outbox).await;
-            drop(unfinished);
-        });
     }
 
     async fn open_one(&self, shared: &Shared, d: Delivery, permits: Permits, outbox: Outbox) {
@@ -164,11 +147,16 @@ impl Sessions {
             memory_mb: limits.memory_mb,
             sandbox_ttl_ms,
         };
+        // Calls may come as soon as the record is stored: they wait in the channel.
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(e) = self.live.lock().expect("live lock").get_mut(&d.id) {
+            e.to_task = Some(tx);
+        }
         match self.record(shared, &queue, &d, &session, &open).await {
             Some(setup) => {
                 drop(hold);
                 shared.held.remove(&d.queue, d.partition, &d.entry_id);
-                self.go_live(queue, session, setup);
+                self.go_live(queue, session, setup, rx);
             }
             None => {
                 drop(hold);
@@ -260,12 +248,14 @@ impl Sessions {
     }
 
     /// Starts the session's task and routes its calls to it.
-    fn go_live(&self, queue: Queue, session: SandboxSession, setup: TaskSetup) {
+    fn go_live(
+        &self,
+        queue: Queue,
+        session: SandboxSession,
+        setup: TaskSetup,
+        rx: mpsc::UnboundedReceiver<Cmd>,
+    ) {
         let sid = setup.sid.clone();
-        let (tx, rx) = mpsc::unbounded_channel();
-        if let Some(e) = self.live.lock().expect("live lock").get_mut(&sid) {
-            e.to_task = Some(tx);
-        }
         ::metrics::counter!(m::SESSIONS_CREATED).increment(1);
         tracing::info!(queue = queue.name(), "session {sid} open");
         let task = SessionTask::new(setup, queue, session, rx);
@@ -372,10 +362,10 @@ impl Sessions {
             .and_then(|e| e.to_task.clone());
         let refused = match to {
             Some(to) => to
-                .send(Cmd::Call(call, Instant::now()))
+                .send(Cmd::Call(Box::new(call), Instant::now()))
                 .err()
                 .map(|e| match e.0 {
-                    Cmd::Call(c, _) => c,
+                    Cmd::Call(c, _) => *c,
                     Cmd::Stop(..) => unreachable!("only calls are sent here"),
                 }),
             None => Some(call),
@@ -416,6 +406,23 @@ impl Sessions {
 async fn futures_join(tasks: Vec<JoinHandle<()>>) {
     for t in tasks {
         let _ = t.await;
+    }
+}
+
+impl SessionOpener for Sessions {
+    /// Opens the session the create job creates, in a task of its own; its admission is given
+    /// back once it is open or refused.
+    fn open(self: Arc<Self>, shared: Arc<Shared>, queued: Queued) {
+        let Queued {
+            d,
+            permits,
+            outbox,
+            unfinished,
+        } = queued;
+        tokio::spawn(async move {
+            self.open_one(&shared, d, permits, outbox).await;
+            drop(unfinished);
+        });
     }
 }
 

@@ -185,7 +185,12 @@ mod tests {
             }),
             Some(Event::Stderr { data: "d".into() })
         );
-        assert_eq!(o.pass(Event::Stdout { data: "x".into() }), None);
+        // The cut fell on a character boundary: one byte of room is left.
+        assert_eq!(
+            o.pass(Event::Stdout { data: "xy".into() }),
+            Some(Event::Stdout { data: "x".into() })
+        );
+        assert_eq!(o.pass(Event::Stdout { data: "z".into() }), None);
         let result = serde_json::json!({"kind": "result", "ok": true, "stdout": "abcdefgh"});
         let Some(Event::Result(r)) = o.pass(serde_json::from_value(result).unwrap()) else {
             panic!("a result passes");

@@ -26,7 +26,7 @@ use crate::sandbox::{EndReason as SandboxEnd, SandboxSession, SessionEnd};
 /// What the node's call readers and its stop send a session's task.
 pub(crate) enum Cmd {
     /// A call, and when the node read it.
-    Call(Call, Instant),
+    Call(Box<Call>, Instant),
     /// End the session.
     Stop(EndReason, String),
 }
@@ -125,7 +125,7 @@ impl SessionTask {
             let wake = tokio::time::Instant::from_std(self.clocks.next(busy));
             let step = tokio::select! {
                 cmd = self.calls.recv() => match cmd {
-                    Some(Cmd::Call(call, at)) => self.take(call, at),
+                    Some(Cmd::Call(call, at)) => self.take(*call, at),
                     Some(Cmd::Stop(reason, why)) => Err((reason, why)),
                     None => Err((EndReason::NodeStopped, "the node stopped".into())),
                 },

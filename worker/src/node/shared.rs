@@ -34,6 +34,12 @@ impl Drop for Unfinished {
     }
 }
 
+/// Where the reader sends a session's create job instead of the dispatcher (the node's
+/// sessions, `node::session`): it opens the session and gives the admission back.
+pub(crate) trait SessionOpener: Send + Sync {
+    fn open(self: Arc<Self>, shared: Arc<Shared>, queued: Queued);
+}
+
 /// A delivery read and waiting for an engine slot.
 pub(crate) struct Queued {
     pub(crate) d: Delivery,
@@ -58,7 +64,7 @@ pub(crate) struct Shared {
     pub board: Arc<CancelBoard>,
     pub health: Arc<RedisHealth>,
     /// Where session create jobs go instead of the dispatcher (set once the queues are open).
-    pub sessions: std::sync::OnceLock<Arc<crate::node::session::Sessions>>,
+    pub sessions: std::sync::OnceLock<Arc<dyn SessionOpener>>,
 }
 
 /// How read entries wait for a run: the slots that bound the reading, the deliveries waiting

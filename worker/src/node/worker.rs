@@ -134,7 +134,8 @@ impl Node {
             parts.shared.config.ceilings.timeout_ms,
         ));
         sessions.start();
-        let _ = parts.shared.sessions.set(sessions.clone());
+        let opener: Arc<dyn crate::node::shared::SessionOpener> = sessions.clone();
+        let _ = parts.shared.sessions.set(opener);
         start_beside(&parts.shared, &set, &broker, prober, &mut background);
         let on_ready = move || on_ready(metrics_addr);
         let (shared, outbox, completer, stopped_reading) =
