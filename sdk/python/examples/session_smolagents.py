@@ -86,8 +86,8 @@ class ScriptedModel(Model):
 
 
 STEPS = [
-    # Step 1 defines state; step 2 uses it (it would fail in a fresh sandbox); step 3 answers.
-    "Thought: keep the squares.\n<code>\nsquares = [n * n for n in range(10)]\nprint(len(squares))\n</code>",
+    # Step 1 defines state from a sent variable; step 2 uses it (it would fail in a fresh sandbox); step 3 answers.
+    "Thought: keep the squares.\n<code>\nsquares = [n * n for n in range(limit)]\nprint(len(squares))\n</code>",
     "Thought: sum them.\n<code>\ntotal = sum(squares)\nprint(total)\n</code>",
     "Thought: done.\n<code>\nfinal_answer(total)\n</code>",
 ]
@@ -98,7 +98,8 @@ def main() -> None:
     with forkbox.Session(ttl_s=300, idle_s=120) as session:
         executor = ForkboxExecutor([], logger, session=session)
         agent = CodeAgent(tools=[], model=ScriptedModel(STEPS), executor=executor, max_steps=5, verbosity_level=LogLevel.OFF)
-        answer = agent.run("What is the sum of the squares below 100?")
+        # `limit` reaches the session through the executor's send_variables.
+        answer = agent.run("What is the sum of the squares below 100?", additional_args={"limit": 10})
         print(f"answer: {answer!r} in {len(agent.memory.steps) - 1} steps")
         assert answer == 285, answer
         # The observation of step 1 came back from the sandbox.

@@ -35,7 +35,7 @@ from typing import (
     Union,
 )
 
-from ._schema import SCHEMA, key
+from ._schema import SCHEMA
 from .errors import (
     ForkboxError,
     JobRejected,
