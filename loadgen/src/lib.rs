@@ -22,6 +22,7 @@ pub mod orphans;
 pub mod plot;
 pub mod report;
 pub mod run;
+pub mod sessions;
 pub mod stats;
 
 use std::path::PathBuf;

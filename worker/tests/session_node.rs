@@ -250,3 +250,85 @@ async fn a_clean_stop_ends_every_session_as_node_stopped() {
     let info = q.session_info(&s.id).await.unwrap().unwrap();
     assert_eq!(info.reason.as_deref(), Some("node_stopped"));
 }
+
+fn cli(url: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .env("FORKBOX_REDIS_URL", url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_creates_calls_and_ends_a_session() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-6", &[]);
+    let url = server.url();
+    let (code, out, err) = cli(&url, &["session", "create", "--runtime", "python"], "");
+    assert_eq!(code, 0, "{err}");
+    let sid = out.trim().to_owned();
+    let (code, out, err) = cli(
+        &url,
+        &["session", "run-code", &sid, "-"],
+        "print('a')\nv = 6\nv * 7",
+    );
+    assert_eq!((code, out.as_str()), (0, "a\n42\n"), "{err}");
+    let (code, _, err) = cli(&url, &["session", "run-code", &sid, "1/0"], "");
+    assert_eq!(code, 1);
+    assert!(err.contains("ZeroDivisionError"), "{err}");
+    let (code, out, err) = cli(
+        &url,
+        &[
+            "session",
+            "exec",
+            &sid,
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; exit 7",
+        ],
+        "",
+    );
+    assert_eq!((code, out.as_str(), err.as_str()), (7, "out\n", "err\n"));
+    let (code, _, err) = cli(
+        &url,
+        &["session", "files", &sid, "write", "d/x.txt"],
+        "hello",
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, _) = cli(
+        &url,
+        &["run", "--session", &sid, "--", "cat", "d/x.txt"],
+        "",
+    );
+    assert_eq!((code, out.as_str()), (0, "hello"));
+    let (code, out, _) = cli(
+        &url,
+        &["session", "files", &sid, "read", "/work/d/x.txt"],
+        "",
+    );
+    assert_eq!((code, out.as_str()), (0, "hello"));
+    let (code, out, _) = cli(&url, &["session", "list"], "");
+    assert!(code == 0 && out.contains(&sid), "{out}");
+    let (code, _, _) = cli(&url, &["session", "kill", &sid], "");
+    assert_eq!(code, 0);
+    let (code, _, err) = cli(&url, &["session", "run-code", &sid, "1"], "");
+    assert_eq!(code, 125);
+    assert!(err.contains("session ended: killed"), "{err}");
+}

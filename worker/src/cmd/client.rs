@@ -318,6 +318,11 @@ fn connect_failure(endpoint: &Endpoint, e: forkbox_queue::QueueError) -> anyhow:
 
 /// Opens the queue for a command that adds jobs: its partition count is recorded if the queue
 /// has none yet, and must match the one recorded otherwise.
+/// Opens the queue of `opts` (for `forkbox session`).
+pub async fn open_queue(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
+    open(opts).await
+}
+
 async fn open(opts: &ClientOpts) -> anyhow::Result<Partitioned> {
     let broker = connect_to(&opts.redis, opts.cluster, &opts.redis_tls.tls()).await?;
     Ok(broker

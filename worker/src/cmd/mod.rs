@@ -16,6 +16,7 @@ mod daemon_client;
 mod gateway;
 mod opts;
 mod run;
+mod session;
 mod settings;
 mod terminal;
 mod up;
@@ -69,6 +70,10 @@ pub enum Command {
     /// What the fleet can run: each language and version the live workers of the queues
     /// published, with how many nodes offer it.
     Runtimes(client::StatsArgs),
+    /// Sessions: long-lived sandboxes on a node, called through Redis (create, run-code,
+    /// exec, files, info, list, kill, set-timeout).
+    #[command(subcommand)]
+    Session(session::SessionCommand),
     /// Cancel a job: a queued one is skipped, a running one is killed (status `cancelled`).
     /// A finished or unknown id cancels nothing (exit 1), unless `--ahead` is given.
     Cancel(client::CancelArgs),
@@ -113,6 +118,7 @@ pub fn main(cli: Cli) -> ExitCode {
         }
         Command::Gateway(a) => gateway::main(a),
         Command::Runtimes(a) => client_runtime().and_then(|rt| rt.block_on(client::runtimes(a))),
+        Command::Session(a) => client_runtime().and_then(|rt| rt.block_on(session::main(a))),
         Command::Cancel(a) => client_runtime().and_then(|rt| rt.block_on(client::cancel(a))),
     };
     match result {

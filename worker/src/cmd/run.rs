@@ -43,9 +43,18 @@ pub struct RunCmd {
     /// ${TMPDIR:-/tmp}/forkbox-<uid>/forkbox.sock].
     #[arg(long, env = "FORKBOX_SOCKET", value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Run the command in this session (through Redis: --redis, --queue), as `forkbox session
+    /// exec` does; only the command, --env, --cwd and --timeout-ms apply.
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    #[command(flatten)]
+    pub client: super::client::ClientOpts,
 }
 
 pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
+    if let Some(sid) = &cmd.session {
+        return in_session(&cmd, sid);
+    }
     let job = cmd.job.to_job()?;
     if !cmd.no_daemon && cmd.sandbox.is_unset() {
         let socket = cmd
@@ -71,6 +80,36 @@ pub fn main(cmd: RunCmd) -> anyhow::Result<ExitCode> {
     .map_err(|e| cmd.sandbox.start_failed(e))?;
     let outcome = runtime()?.block_on(engine.run(&job));
     finish(&cmd, &outcome)
+}
+
+/// `run --session ID`: the command as an `exec` call of the session.
+fn in_session(cmd: &RunCmd, sid: &str) -> anyhow::Result<ExitCode> {
+    let j = &cmd.job;
+    let session_only = [
+        ("--memory-mb", j.memory_mb.is_some()),
+        ("--pids", j.pids.is_some()),
+        ("--cpu-ms", j.cpu_ms.is_some()),
+        ("--output-bytes", j.output_bytes.is_some()),
+        ("--disk-mb", j.disk_mb.is_some()),
+        ("--file", !j.files.is_empty()),
+        ("--collect", !j.collect.is_empty()),
+        ("--runtime", j.runtime.is_some()),
+        ("--network", j.network.is_some()),
+        ("--stdin-file", j.stdin_file.is_some()),
+        ("--json", cmd.json),
+        ("--out", cmd.out.is_some()),
+    ];
+    if let Some((flag, _)) = session_only.iter().find(|(_, set)| *set) {
+        bail!("{flag} does not apply with --session: the session's own settings hold");
+    }
+    let call =
+        super::session::exec_call(sid, j.shell.clone(), j.argv.clone(), &j.env, j.cwd.clone())?;
+    let opts = super::session::CallOpts {
+        client: cmd.client.clone(),
+        id: sid.to_owned(),
+        timeout_ms: j.timeout_ms,
+    };
+    runtime()?.block_on(super::session::exec(&opts, call))
 }
 
 /// Saves the collected files and prints the outcome; its exit code is ours.
