@@ -332,3 +332,51 @@ async fn the_cli_creates_calls_and_ends_a_session() {
     assert_eq!(code, 125);
     assert!(err.contains("session ended: killed"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn interrupt_and_set_timeout_are_served_while_a_call_runs() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-7", &["--max-session-ttl", "100"]);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(60, 60)).await;
+    run_code(&q, &s.id, "n = 5").await;
+    let long = Call {
+        timeout_ms: Some(60_000),
+        ..Call::run_code(&s.id, "import time\nfor i in range(600): time.sleep(0.1)")
+    };
+    let node = q.send_call(&long).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Served at once, not behind the running call.
+    let (_, end) = call(
+        &q,
+        Call {
+            ttl_s: Some(90),
+            ..Call::new(&s.id, CallOp::SetTimeout)
+        },
+    )
+    .await;
+    assert_eq!(result(&end)["ok"], true, "{end:?}");
+    let over = Call {
+        ttl_s: Some(101),
+        ..Call::new(&s.id, CallOp::SetTimeout)
+    };
+    let (_, end) = call(&q, over).await;
+    let r = result(&end);
+    assert_eq!(r["ok"], false, "{r:?}");
+    assert!(
+        r["error"].as_str().unwrap().starts_with("ttl_s: 101"),
+        "{r:?}"
+    );
+    call(&q, Call::new(&s.id, CallOp::Interrupt)).await;
+    let end = q
+        .wait_call(&s.id, &node, &long.id, Duration::from_secs(30), &mut |_| {})
+        .await
+        .unwrap();
+    let r = result(&end);
+    assert_eq!(r["interrupted"], true, "{r:?}");
+    assert_eq!(r["exception"]["name"], "KeyboardInterrupt", "{r:?}");
+    // The state stayed.
+    assert_eq!(run_code(&q, &s.id, "n").await["text"], "5");
+    let info = q.session_info(&s.id).await.unwrap().unwrap();
+    assert!(info.expires_ms > s.expires_ms + 20_000, "{info:?} {s:?}");
+}
