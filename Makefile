@@ -34,6 +34,8 @@ GATEWAY_CLIENTS := target/gateway-clients
 JUDGE0_CLIENT_VERSION ?= 0.0.8
 SANDBOX_FUSION_VERSION ?= 0.3.7
 PISTON_CLIENT_VERSION ?= 1.0.2
+# The agent frameworks of sdk/python/examples/session_*.py: sdk/python/pyproject.toml's `agents` extra.
+AGENT_CLIENTS := target/agent-clients
 
 # Installs the Debian packages named in $(1) that are missing when root; otherwise prints the
 # exact command and fails.
@@ -52,7 +54,7 @@ if [ -n "$$missing" ]; then \
 fi
 endef
 
-.PHONY: all deps deps-vm build release demo gateway-clients test test-logs test-rust test-python test-deploy test-vm lint bench clean
+.PHONY: all deps deps-vm build release demo gateway-clients agent-clients test test-logs test-rust test-python test-deploy test-vm lint bench clean
 
 all: build
 
@@ -104,6 +106,19 @@ gateway-clients: $(PY_VENV)/.forkbox-sdk
 	      echo "gateway-clients: piston-client not installed (its tests will skip)"; }; \
 	fi
 
+# The agent frameworks of the session examples (the SDK's `agents` extra, pinned there), each
+# on its own: one that cannot be installed is named in $(AGENT_CLIENTS)/<name>.missing and its
+# test skips with that reason.
+agent-clients: $(PY_VENV)/.forkbox-sdk
+	@mkdir -p $(AGENT_CLIENTS)
+	@rm -f $(AGENT_CLIENTS)/*.missing
+	@for spec in $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("sdk/python/pyproject.toml", "rb"))["project"]["optional-dependencies"]["agents"]))'); do \
+	  name=$${spec%%==*}; \
+	  $(PY) -m pip install -q "$$spec" >$(AGENT_CLIENTS)/$$name.log 2>&1 || \
+	    { echo "pip install $$spec failed: $$(tail -n 3 $(AGENT_CLIENTS)/$$name.log | tr '\n' ' ')" >$(AGENT_CLIENTS)/$$name.missing; \
+	      echo "agent-clients: $$spec not installed (its example test will skip)"; }; \
+	done
+
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
@@ -121,7 +136,7 @@ test-rust: deps $(PY_VENV)/.forkbox-sdk
 	  $(CARGO) test -p forkbox \
 	  --test sandbox --test sandbox_kernel_state --test warm_python -- --test-threads=2 2>&1 | tee $(TEST_LOGS)/rust-loopback.log
 
-test-python: deps $(PY_VENV)/.forkbox-sdk gateway-clients
+test-python: deps $(PY_VENV)/.forkbox-sdk gateway-clients agent-clients
 	$(CARGO) build -p forkbox
 	$(CARGO) build -p forkbox-queue --example noop_worker
 	@mkdir -p $(TEST_LOGS)

@@ -323,7 +323,7 @@ def test_sigterm_removes_the_socket(forkbox_bin: Path) -> None:
 # -- examples and tools ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in (SDK_DIR / "examples").glob("*.py") if "queue" not in p.name))
+@pytest.mark.parametrize("script", sorted(p.name for p in (SDK_DIR / "examples").glob("*.py") if "queue" not in p.name and not p.name.startswith("session_")))
 def test_examples_run(daemon: Daemon, script: str) -> None:
     env = dict(os.environ, FORKBOX_SOCKET=str(daemon.socket))
     out = subprocess.run(

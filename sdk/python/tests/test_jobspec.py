@@ -40,6 +40,7 @@ SAMPLES: Dict[str, Any] = {
     "output_mode": "truncate",
     "network": "loopback",
     "compile": {"argv": ["cc", "-o", "main", "main.c"], "timeout_ms": 20000},
+    "session": {"ttl_s": 60, "idle_s": 30},
     "id": "job-1",
     "memory_mb": 64,
     "pids": 8,
@@ -79,7 +80,7 @@ def test_the_keywords_are_the_fields_of_jobspec_and_limits() -> None:
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_every_keyword_lands_in_its_field(name: str) -> None:
     kw = {name: SAMPLES[name]}
-    if name != "argv":
+    if name not in ("argv", "session"):
         kw.setdefault("cmd", "true")
     job = build_job(**kw)
     if name in SCHEMA["defaults"]["limits"]:
@@ -197,3 +198,13 @@ def test_queue_submit_takes_a_jobspec_or_its_keywords(redis_url: str) -> None:
     with pytest.raises(JobRejected, match="network: unknown variant `wide`"):
         q.submit(JobSpec(cmd="true", network="wide"))
     r.delete(q.jobs_key)
+
+
+def test_a_session_create_job_has_no_program() -> None:
+    validate_job({"id": "s", "session": {"ttl_s": 60}, "limits": {"memory_mb": 64}, "runtime": "python"})
+    with pytest.raises(JobRejected, match="^job rejected: cmd: a session's create job has no program of its own"):
+        validate_job({"id": "s", "session": {}, "cmd": "true"})
+    with pytest.raises(JobRejected, match=r"^job rejected: session\.idle_s: must be between 1 and \d+, got 0"):
+        validate_job({"id": "s", "session": {"idle_s": 0}})
+    with pytest.raises(JobRejected, match="^job rejected: session: unknown field `ttl`"):
+        validate_job({"id": "s", "session": {"ttl": 5}})

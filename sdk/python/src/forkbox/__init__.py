@@ -4,6 +4,8 @@
   :class:`Forkbox` / :class:`AsyncForkbox`: clients of the daemon of their own.
 - :class:`JobSpec` / :class:`Limits`: a job, field for field (the keywords of every call).
 - :class:`Queue`: the Redis job queue served by ``forkbox worker`` nodes.
+- :class:`Session`: a long-lived sandbox on one node of a queue (state and disk kept between
+  calls); :class:`forkbox.aio.AsyncSession` is its asyncio twin.
 - :mod:`forkbox.tools`: ready-made tools for agents.
 """
 
@@ -16,20 +18,32 @@ from .errors import (
     JobRejected,
     PartitionsMismatch,
     ProtocolError,
+    SessionBusy,
+    SessionCallError,
+    SessionCapacity,
+    SessionEnded,
+    SessionError,
+    SessionLost,
+    SessionNotFound,
     Timeout,
     UntrustedDaemon,
 )
 from .job import JobSpec, Limits, build_job
 from .redis_queue import Batch, Queue
 from .result import STATUSES, Result
+from .session import CommandResult, Execution, ExecutionError, FileEntry, Session, SessionInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncForkbox",
     "Batch",
+    "CommandResult",
     "ConnectionLost",
     "DaemonNotRunning",
+    "Execution",
+    "ExecutionError",
+    "FileEntry",
     "Forkbox",
     "ForkboxError",
     "JobRejected",
@@ -40,6 +54,15 @@ __all__ = [
     "Queue",
     "Result",
     "STATUSES",
+    "Session",
+    "SessionBusy",
+    "SessionCallError",
+    "SessionCapacity",
+    "SessionEnded",
+    "SessionError",
+    "SessionInfo",
+    "SessionLost",
+    "SessionNotFound",
     "Timeout",
     "UntrustedDaemon",
     "build_job",

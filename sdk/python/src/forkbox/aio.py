@@ -26,7 +26,7 @@ from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, ProtocolErro
 from .job import JobSpec, checked_keywords, normalize_job, spec_from_keywords
 from .result import Result
 
-__all__ = ["AsyncForkbox"]
+__all__ = ["AsyncForkbox", "AsyncSession"]
 
 _Pending = Tuple["asyncio.Future[Dict[str, Any]]", Optional[OutputCallback]]
 
@@ -231,3 +231,6 @@ def _current_task() -> Optional[asyncio.Task[Any]]:
         return asyncio.current_task()
     except RuntimeError:
         return None
+
+
+from ._session_aio import AsyncSession  # noqa: E402  (the session twin; it needs nothing above)

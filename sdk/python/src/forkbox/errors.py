@@ -20,6 +20,13 @@ __all__ = [
     "Timeout",
     "ProtocolError",
     "PartitionsMismatch",
+    "SessionError",
+    "SessionLost",
+    "SessionEnded",
+    "SessionBusy",
+    "SessionCapacity",
+    "SessionNotFound",
+    "SessionCallError",
 ]
 
 
@@ -96,3 +103,52 @@ class PartitionsMismatch(ForkboxError, ValueError):
             f"{configured} were asked for (partitions={configured}); use partitions={live}, or "
             "drain and delete the queue to change it"
         )
+
+
+class SessionError(ForkboxError):
+    """Base of the errors of a :class:`forkbox.Session`; ``session_id`` names the session and
+    ``reason`` says why, as the node said it."""
+
+    def __init__(self, session_id: str, reason: str, message: Optional[str] = None) -> None:
+        self.session_id = session_id
+        self.reason = reason
+        super().__init__(message or f"session {session_id}: {reason}")
+
+
+class SessionLost(SessionError, ConnectionError):
+    """The session's node stopped answering (its heartbeat is gone): the session and its state
+    are gone with it."""
+
+    def __init__(self, session_id: str, detail: str) -> None:
+        super().__init__(session_id, "lost", f"session {session_id} lost: {detail}")
+        self.detail = detail
+
+
+class SessionEnded(SessionError):
+    """The session has ended; ``reason`` is ``killed``, ``ttl``, ``idle``, ``crashed``,
+    ``node_stopped`` or ``lost``, as the node recorded it."""
+
+    def __init__(self, session_id: str, reason: str, detail: str = "") -> None:
+        more = f" ({detail})" if detail and detail != reason else ""
+        super().__init__(session_id, reason, f"session {session_id} ended: {reason}{more}")
+        self.detail = detail
+
+
+class SessionBusy(SessionError):
+    """The session's call queue is full (calls of one session run one at a time): the call
+    was not run; try again once earlier calls have finished."""
+
+
+class SessionCapacity(SessionError):
+    """The node refused to open the session: it is at one of its session limits (how many
+    sessions, or their memory); the message names the limit. The create is not retried."""
+
+
+class SessionNotFound(SessionError, LookupError):
+    """No session has this id on the queue (never created, or ended long enough ago that its
+    record expired)."""
+
+
+class SessionCallError(SessionError, ValueError):
+    """A call was refused as malformed, or its operation failed (a path outside ``/work``, a
+    missing file); ``reason`` is the node's message."""

@@ -135,7 +135,7 @@ def normalize_job(job: Union[JobSpec, Mapping[str, Any]], *, with_id: bool = Tru
     if not isinstance(job, Mapping):
         raise TypeError(f"a job must be a mapping, got {type(job).__name__}")
     out: Dict[str, Any] = dict(job)
-    if out.get("cmd") is None and out.get("argv") is None:
+    if out.get("cmd") is None and out.get("argv") is None and out.get("session") is None:
         raise ValueError("a job needs `cmd` (a shell string) or `argv` (a list of strings)")
     if out.get("cmd") is not None and out.get("argv") is not None:
         raise ValueError("give `cmd` or `argv`, not both")
@@ -197,7 +197,8 @@ class JobSpec:
     ``compile={"argv": ["g++", "-o", "main", "main.cpp"], "timeout_ms": 10000}`` runs a
     compile stage first in the same sandbox, with its own timeout and ``limits``; the program
     runs only if it exits 0 (else the status is ``compile_error``), and the result's
-    ``compile`` says how the stage ended.
+    ``compile`` says how the stage ended. ``session={"ttl_s": 600, "idle_s": 120}`` (with no
+    ``cmd``/``argv``) opens a session instead; :class:`forkbox.Session` builds that job.
 
     The clients take the same names as keywords (``Forkbox.run(cmd, timeout_ms=...,
     memory_mb=...)``), the limits flattened beside the rest; see :func:`spec_from_keywords`.
@@ -220,6 +221,7 @@ class JobSpec:
     output_mode: Optional[str] = None
     network: Optional[str] = None
     compile: Optional[Mapping[str, Any]] = None
+    session: Optional[Mapping[str, Any]] = None
     id: Optional[str] = None
 
     def __post_init__(self) -> None:
@@ -297,6 +299,30 @@ def _relative(field: str, path: Any) -> None:
         raise JobRejected(f"{field}: '..' is not allowed; paths must stay inside the working directory")
 
 
+def _check_session(job: Mapping[str, Any]) -> None:
+    """A session's create job: no program of its own, ``ttl_s``/``idle_s`` in range."""
+    spec = job.get("session")
+    if spec is None:
+        return
+    rules = SCHEMA["sessions"]
+    if not isinstance(spec, Mapping):
+        raise JobRejected(f"session: invalid type: expected an object, got {spec!r:.40}")
+    for name in spec:
+        if name not in rules["create_fields"]:
+            raise JobRejected(f"session: unknown field `{name}`, expected one of {', '.join(rules['create_fields'])}")
+    for name in sorted(set(job) - set(rules["create_allows"])):
+        if job[name] is not None:
+            raise JobRejected(
+                f"{name}: a session's create job has no program of its own; each call gives its own command "
+                f"and timeout_ms (allowed with `session`: {', '.join(x for x in rules['create_allows'] if x != 'session')})"
+            )
+    top = rules["defaults"]["max_s"]
+    for name in rules["create_fields"]:
+        v = spec.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= top):
+            raise JobRejected(f"session.{name}: must be between 1 and {top}, got {v!r:.40}")
+
+
 def validate_job(job: Mapping[str, Any], max_job_bytes: Optional[int] = None) -> None:
     """Refuses, with the worker's message (``field: reason``), what a worker would refuse.
 
@@ -371,6 +397,7 @@ def validate_job(job: Mapping[str, Any], max_job_bytes: Optional[int] = None) ->
             lo, hi = LIMIT_RANGES[name]
             if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
                 raise JobRejected(f"compile.limits.{name}: must be between {lo} and {hi}, got {v!r:.40}")
+    _check_session(job)
     network = job.get("network")
     if network is not None and network not in NETWORKS:
         raise JobRejected(f"network: unknown variant `{network}`, expected one of {', '.join(NETWORKS)}")

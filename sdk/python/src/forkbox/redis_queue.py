@@ -116,6 +116,29 @@ def partition_of(job_id: str, partitions: int) -> int:
     return binascii.crc_hqx(job_id.encode(), 0) % max(partitions, 1)
 
 
+def enqueue_keys_args(tag: str, job: Mapping[str, Any], now_ms: int, cluster: bool) -> Tuple[List[str], List[Any]]:
+    """The KEYS and ARGV of the enqueue script adding ``job`` (with its ``id``) on the
+    partition whose hash tag is ``tag``."""
+    batch = job.get("batch")
+    keys = [
+        key("jobs", tag),
+        key("idem", tag, id=job["id"]),
+        key("batch", tag, batch=batch if isinstance(batch, str) else ""),
+        key("cancel_ahead", tag),
+        key("cancelled", tag),
+    ]
+    args = [
+        json.dumps(job, ensure_ascii=False, separators=(",", ":")),
+        job.get("result_ttl_s") or DEFAULT_RESULT_TTL_S,
+        "1" if isinstance(batch, str) else "0",
+        job["id"],
+        now_ms,
+        "SPUBLISH" if cluster else "PUBLISH",
+        key("cancel_channel", tag),
+    ]
+    return keys, args
+
+
 def _as_job(spec: JobLike) -> Dict[str, Any]:
     if isinstance(spec, str):
         return normalize_job({"cmd": spec})
@@ -465,29 +488,9 @@ class Queue:
     def _enqueue_pipelined(self, client: Any, jobs: Sequence[Dict[str, Any]], partition: int = 0) -> List[Tuple[str, bool]]:
         pipe = client.pipeline(transaction=False)
         now_ms = int(time.time() * 1000)
-        tag = self.tags[partition]
         for j in jobs:
-            batch = j.get("batch")
-            ttl = j.get("result_ttl_s") or DEFAULT_RESULT_TTL_S
-            self._enqueue_script(
-                keys=[
-                    self.jobs_key_of(partition),
-                    self.idem_key(j["id"]),
-                    self.batch_key(batch if isinstance(batch, str) else "", partition),
-                    key("cancel_ahead", tag),
-                    key("cancelled", tag),
-                ],
-                args=[
-                    json.dumps(j, ensure_ascii=False, separators=(",", ":")),
-                    ttl,
-                    "1" if isinstance(batch, str) else "0",
-                    j["id"],
-                    now_ms,
-                    "SPUBLISH" if self.cluster else "PUBLISH",
-                    key("cancel_channel", tag),
-                ],
-                client=pipe,
-            )
+            keys, args = enqueue_keys_args(self.tags[partition], j, now_ms, self.cluster)
+            self._enqueue_script(keys=keys, args=args, client=pipe)
         replies = pipe.execute()
         return [(j["id"], int(r[0]) == 1) for j, r in zip(jobs, replies)]
 
