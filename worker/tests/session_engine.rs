@@ -2,7 +2,10 @@
 //! Each test opens sessions, sends call frames and asserts what comes back: results, streamed
 //! events, errors, and how a session ends.
 
+mod sandbox_support;
+
 use std::collections::BTreeMap;
+use std::process::Command;
 use std::time::Duration;
 
 use forkbox::sandbox::{
@@ -11,11 +14,12 @@ use forkbox::sandbox::{
 use forkbox_queue::schema::{Job, Limits, Runtime, Status};
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_forkbox");
-
 fn engine() -> Engine {
+    // The rootless re-run below names a copy of the binary that `nobody` can execute.
+    let zygote =
+        std::env::var("FORKBOX_SESSION_ZYGOTE").unwrap_or_else(|_| sandbox_support::BIN.into());
     let engine = Engine::start(EngineConfig {
-        zygote_exe: BIN.into(),
+        zygote_exe: zygote.into(),
         slots: 2,
         python: Some(PythonSettings::default()),
         ..EngineConfig::default()
@@ -588,7 +592,7 @@ async fn a_session_ends_at_its_ttl_and_its_cpu_time_is_counted_across_calls() {
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_take_no_job_slot() {
     let engine = Engine::start(EngineConfig {
-        zygote_exe: BIN.into(),
+        zygote_exe: sandbox_support::BIN.into(),
         slots: 1,
         python: Some(PythonSettings::default()),
         ..EngineConfig::default()
@@ -691,4 +695,48 @@ async fn bad_specs_are_refused_with_the_reason() {
         .expect("refused");
     assert!(err.to_string().contains("limits.memory_mb"), "{err}");
     let _ = BTreeMap::<String, String>::new();
+}
+
+/// The isolation checks above, run again by `nobody`: a rootless node's sessions hold no
+/// capability, reach nothing of the host and see nothing of each other either.
+#[test]
+fn a_rootless_nodes_sessions_hold_the_same_isolation() {
+    if !sandbox_support::is_root() {
+        forkbox_testkit::skipped("the rootless re-run starts from root (this run is unprivileged)");
+        return;
+    }
+    let me = std::env::current_exe().unwrap();
+    let dir = std::env::temp_dir().join(format!("forkbox-session-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("session_engine");
+    std::fs::copy(&me, &copy).unwrap();
+    for p in [&dir, &copy] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let zygote = format!(
+        "FORKBOX_SESSION_ZYGOTE={}",
+        sandbox_support::unprivileged_bin().display()
+    );
+    for test in [
+        "a_session_holds_no_capability_and_reaches_nothing_of_the_host",
+        "two_sessions_see_neither_files_nor_processes_of_the_other",
+    ] {
+        let out = Command::new("runuser")
+            .args(["-u", "nobody", "--", "env", &zygote])
+            .arg(&copy)
+            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{test} as nobody:\n{text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
