@@ -221,15 +221,19 @@ pub fn warm_up(request: &WarmRequest) -> Result<WarmInfo, String> {
     let mut report = tempfile::tempfile().map_err(|e| format!("warm-up report file: {e}"))?;
     let fd = std::os::fd::AsRawFd::as_raw_fd(&report);
     let preload = serde_json::to_vec(&request.preload).map_err(|e| e.to_string())?;
+    // The session supervisor, compiled once here rather than in every session's sandbox.
+    let precompiled =
+        serde_json::to_vec(&[super::session::SUPERVISOR_SOURCE]).map_err(|e| e.to_string())?;
     let bootstrap = format!(
         "import sys\n\
          _m = type(sys)('_forkbox_warm')\n\
          exec(compile(bytes.fromhex('{}').decode(), '<forkbox-warm>', 'exec'), _m.__dict__)\n\
          sys.modules['_forkbox_warm'] = _m\n\
          del _m\n\
-         sys.modules['_forkbox_warm'].warm_up('{}', {fd})\n",
+         sys.modules['_forkbox_warm'].warm_up('{}', {fd}, '{}')\n",
         hex(STUB.as_bytes()),
-        hex(&preload)
+        hex(&preload),
+        hex(&precompiled)
     );
     let bootstrap = CString::new(bootstrap).map_err(|e| e.to_string())?;
     if py.run(&bootstrap) != 0 {

@@ -29,15 +29,22 @@ _STUB_FILE = "<forkbox-warm>"
 
 
 # What a session's supervisor and kernel import beyond the above (`session_supervisor.py`):
-# imported here too, so a session's first `run_code` does not wait for them (about 15 ms of
-# a session's open to its first result), whatever the preload.
-_SESSION_MODULES = ("ast", "base64", "linecache", "traceback")
+# imported here too, so a session's start and its first `run_code` do not wait for them,
+# whatever the preload.
+_SESSION_MODULES = ("ast", "base64", "linecache", "resource", "select", "traceback")
+
+# Programs compiled here once, by their source: a `-c` program whose text is one of them
+# (the session supervisor's) runs this code object instead of being compiled again in every
+# sandbox. The same `compile` call a job's `-c` gets, so the code is the same.
+_PRECOMPILED = {}
 
 
-def warm_up(preload_hex, fd):
+def warm_up(preload_hex, fd, precompile_hex=""):
     names = json.loads(bytes.fromhex(preload_hex))
     for name in _SESSION_MODULES:
         __import__(name)
+    for source in json.loads(bytes.fromhex(precompile_hex) or b"[]"):
+        _PRECOMPILED[source] = compile(source, "<string>", "exec")
     loaded, failed = [], []
     for name in names:
         try:
@@ -294,7 +301,8 @@ def _start(plan):
     if mode == "command":
         if not plan["safe_path"]:
             sys.path.insert(0, "")
-        exec(compile(plan["code"], "<string>", "exec"), main.__dict__)
+        code = _PRECOMPILED.get(plan["code"]) or compile(plan["code"], "<string>", "exec")
+        exec(code, main.__dict__)
     elif mode == "stdin":
         if not plan["safe_path"]:
             sys.path.insert(0, "")
