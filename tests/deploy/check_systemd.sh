@@ -58,7 +58,7 @@ for want in '^NoNewPrivileges=yes' '^ProtectSystem=strict' '^PrivateUsers=yes' '
 done
 for var in FORKBOX_REDIS_URL FORKBOX_QUEUE FORKBOX_GATEWAY_API_KEY_FILE; do
     grep -q "$var" "$UNITS/gateway.env" || { echo "FAIL: gateway.env does not mention $var"; failed=1; }
-    grep -q "env = \"$var\"" "$REPO/worker/src/cmd/gateway.rs" "$REPO/worker/src/cmd/client.rs" \
+    grep -q "env = \"$var\"" "$REPO/worker/src/cmd/gateway.rs" "$REPO/worker/src/cmd/opts.rs" \
         || { echo "FAIL: gateway.env names $var, which forkbox gateway does not read"; failed=1; }
 done
 [ "$failed" = 0 ] && echo "ok: the gateway unit is hardened, on loopback, and its env file names what it reads"
