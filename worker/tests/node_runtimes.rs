@@ -10,7 +10,7 @@ use std::time::Duration;
 use node_support::{poll, start_redis, WorkerProc, BIN};
 
 /// The operator's file: `bash` replaced by an entry whose probe prints a version of its own,
-/// `c` replaced by one whose compiler does not exist, and a new language.
+/// `c` replaced by one whose compiler does not exist, and a new language with compile limits.
 const OVERRIDE: &str = r#"
 [[language]]
 name = "bash"
@@ -28,13 +28,16 @@ version = ["no-such-compiler-here", "--version"]
 [[language]]
 name = "echo-lang"
 source_file = "main.echo"
-run = ["cat", "{source}"]
+compile = ["cp", "{source}", "copy"]
+compile_limits = { timeout_ms = 7000, memory_mb = 300 }
+run = ["cat", "copy"]
 version = ["/bin/sh", "-c", "echo echo-lang 1.2.3 >&2"]
 "#;
 
-fn runtimes_json(url: &str, queue: &str) -> Option<Vec<serde_json::Value>> {
+fn runtimes_json(url: &str, queue: &str, catalogue: &str) -> Option<Vec<serde_json::Value>> {
     let out = Command::new(BIN)
         .args(["runtimes", "--redis", url, "--queues", queue, "--json"])
+        .args(["--runtimes", catalogue])
         .output()
         .unwrap();
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).ok()?;
@@ -62,16 +65,26 @@ async fn nodes_publish_what_they_can_run_and_the_fleet_lists_it() {
     let rows = poll(Duration::from_secs(60), "both nodes' runtimes", || {
         let url = url.clone();
         async move {
-            let rows = runtimes_json(&url, "rtq")?;
+            let rows = runtimes_json(&url, "rtq", file)?;
             (row(&rows, "echo-lang")?["nodes"] == 2).then_some(rows)
         }
     })
     .await;
     let echo = row(&rows, "echo-lang").unwrap();
     assert_eq!(echo["version"], "1.2.3", "{rows:?}");
+    assert_eq!(
+        echo["compile_limits"],
+        serde_json::json!({"timeout_ms": 7000, "memory_mb": 300}),
+        "the catalogue's compile limits: {rows:?}"
+    );
     let bash = row(&rows, "bash").expect("bash, from the operator's entry");
     assert_eq!(bash["version"], "9.8.7");
     assert_eq!(bash["nodes"], 2);
+    assert_eq!(
+        bash["compile_limits"],
+        serde_json::Value::Null,
+        "no compile stage"
+    );
     assert!(
         row(&rows, "c").is_none(),
         "a language whose probe fails is absent: {rows:?}"
@@ -83,7 +96,15 @@ async fn nodes_publish_what_they_can_run_and_the_fleet_lists_it() {
     );
 
     let text = Command::new(BIN)
-        .args(["runtimes", "--redis", &url, "--queues", "rtq"])
+        .args([
+            "runtimes",
+            "--redis",
+            &url,
+            "--queues",
+            "rtq",
+            "--runtimes",
+            file,
+        ])
         .output()
         .unwrap();
     assert!(text.status.success());
@@ -91,14 +112,18 @@ async fn nodes_publish_what_they_can_run_and_the_fleet_lists_it() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0].split_whitespace().collect::<Vec<_>>(),
-        ["LANGUAGE", "VERSION", "NODES"]
+        ["LANGUAGE", "VERSION", "NODES", "COMPILE_LIMITS"]
     );
-    assert!(
+    let has = |want: [&str; 4]| {
         lines
             .iter()
-            .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["echo-lang", "1.2.3", "2"]),
+            .any(|l| l.split_whitespace().collect::<Vec<_>>() == want)
+    };
+    assert!(
+        has(["echo-lang", "1.2.3", "2", "timeout=7s,memory=300MB"]),
         "{text}"
     );
+    assert!(has(["bash", "9.8.7", "2", "-"]), "{text}");
 
     // A node that stops cleanly takes its runtimes with it.
     two.signal(nix::sys::signal::Signal::SIGTERM);
@@ -106,7 +131,7 @@ async fn nodes_publish_what_they_can_run_and_the_fleet_lists_it() {
     poll(Duration::from_secs(30), "one node left", || {
         let url = url.clone();
         async move {
-            let rows = runtimes_json(&url, "rtq")?;
+            let rows = runtimes_json(&url, "rtq", file)?;
             (row(&rows, "echo-lang")?["nodes"] == 1).then_some(())
         }
     })

@@ -789,10 +789,26 @@ fn resume_command(args: &BatchWaitArgs) -> String {
     cmd
 }
 
+#[derive(Debug, Args)]
+pub struct RuntimesArgs {
+    #[command(flatten)]
+    pub fleet: StatsArgs,
+    /// A runtime catalogue file over the built-in one, as the workers' and the gateway's
+    /// `--runtimes`: where each language's compile limits are read.
+    #[arg(long, value_name = "FILE", env = "FORKBOX_RUNTIMES")]
+    pub runtimes: Option<std::path::PathBuf>,
+}
+
 /// `forkbox runtimes`: the languages and versions the live workers of the queues published,
-/// each with how many nodes offer it.
-pub async fn runtimes(args: StatsArgs) -> anyhow::Result<ExitCode> {
-    use forkbox::runtimes::Available;
+/// each with how many nodes offer it and its compile stage's default limits (the catalogue's).
+pub async fn runtimes(args: RuntimesArgs) -> anyhow::Result<ExitCode> {
+    use forkbox::runtimes::{Available, Catalogue, CompileLimits};
+    let catalogue = Catalogue::load(args.runtimes.as_deref())?;
+    let compile_limits = |language: &str| -> Option<CompileLimits> {
+        let lang = catalogue.find(language)?;
+        lang.compile.as_ref().map(|_| lang.compile_limits)
+    };
+    let args = args.fleet;
     let broker = connect_to(&args.redis, args.cluster, &args.redis_tls.tls()).await?;
     let mut offers: BTreeMap<Available, BTreeSet<String>> = BTreeMap::new();
     for name in &args.queues {
@@ -812,7 +828,8 @@ pub async fn runtimes(args: StatsArgs) -> anyhow::Result<ExitCode> {
         let rows: Vec<serde_json::Value> = offers
             .iter()
             .map(|(a, nodes)| {
-                serde_json::json!({"language": a.language, "version": a.version, "nodes": nodes.len()})
+                serde_json::json!({"language": a.language, "version": a.version, "nodes": nodes.len(),
+                    "compile_limits": compile_limits(&a.language)})
             })
             .collect();
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -825,13 +842,17 @@ pub async fn runtimes(args: StatsArgs) -> anyhow::Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     }
-    println!("{:<16} {:<16} {:>5}", "LANGUAGE", "VERSION", "NODES");
+    println!(
+        "{:<16} {:<16} {:>5}  COMPILE_LIMITS",
+        "LANGUAGE", "VERSION", "NODES"
+    );
     for (a, nodes) in &offers {
         println!(
-            "{:<16} {:<16} {:>5}",
+            "{:<16} {:<16} {:>5}  {}",
             for_stdout(&a.language),
             for_stdout(&a.version),
-            nodes.len()
+            nodes.len(),
+            compile_limits(&a.language).map_or_else(|| "-".to_owned(), |l| l.to_string())
         );
     }
     Ok(ExitCode::SUCCESS)

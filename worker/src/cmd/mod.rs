@@ -65,8 +65,8 @@ pub enum Command {
     /// becomes a job, its answer the job's result (listens on 127.0.0.1:2358; no TLS).
     Gateway(gateway::GatewayArgs),
     /// What the fleet can run: each language and version the live workers of the queues
-    /// published, with how many nodes offer it.
-    Runtimes(client::StatsArgs),
+    /// published, with how many nodes offer it and its compile stage's default limits.
+    Runtimes(client::RuntimesArgs),
     /// Sessions: long-lived sandboxes on a node, called through Redis (create, run-code,
     /// exec, files, info, list, kill, set-timeout).
     #[command(subcommand)]

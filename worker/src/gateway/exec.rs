@@ -21,7 +21,7 @@ use forkbox_queue::schema::{
 };
 
 use crate::gateway::catalogue::Language;
-use crate::runtimes::SourceFile;
+use crate::runtimes::{CompileLimits, SourceFile};
 
 /// Where the compile stage's output and status are kept in the working directory.
 pub const STAGE_DIR: &str = ".forkbox-compile";
@@ -76,12 +76,51 @@ impl Default for Bounds {
     }
 }
 
-/// One stage's limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One stage's limits (`None`: the node's default).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StageLimits {
     pub timeout_ms: u64,
     pub memory_mb: Option<u64>,
     pub cpu_ms: Option<u64>,
+    pub pids: Option<u64>,
+    /// Per stream.
+    pub output_bytes: Option<u64>,
+}
+
+/// What a request asked of its compile stage, already checked against the ceilings (`None`:
+/// it did not say).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AskedCompile {
+    pub timeout_ms: Option<u64>,
+    pub memory_mb: Option<u64>,
+}
+
+impl Bounds {
+    /// A compile stage's limits: each the request's own, else the language's in the runtime
+    /// catalogue, else the gateway's (`default_timeout_ms`, `compile_memory_mb`); a default
+    /// is held to the ceilings a request is (so an operator's catalogue cannot pass them).
+    pub fn compile_limits(
+        &self,
+        language: &CompileLimits,
+        asked: AskedCompile,
+        default_timeout_ms: u64,
+    ) -> StageLimits {
+        let timeout_ms = asked
+            .timeout_ms
+            .or(language.timeout_ms)
+            .unwrap_or(default_timeout_ms);
+        let memory_mb = asked
+            .memory_mb
+            .or(language.memory_mb)
+            .unwrap_or(self.compile_memory_mb);
+        StageLimits {
+            timeout_ms: timeout_ms.min(self.max_compile_timeout_ms),
+            memory_mb: Some(memory_mb.min(self.max_memory_mb)),
+            cpu_ms: None,
+            pids: language.pids,
+            output_bytes: language.output_bytes,
+        }
+    }
 }
 
 /// How one stage ended: the protocol's own statuses, for the run stage as for the compile stage.
@@ -162,6 +201,7 @@ impl Execution {
         job.limits = Limits {
             memory_mb: self.run.memory_mb,
             cpu_ms: self.run.cpu_ms,
+            pids: self.run.pids,
             output_bytes: self.output_bytes,
             ..Limits::default()
         };
@@ -187,7 +227,8 @@ impl Execution {
                     stage.limits = schema::StageLimits {
                         memory_mb: self.compile.memory_mb,
                         cpu_ms: self.compile.cpu_ms,
-                        ..schema::StageLimits::default()
+                        pids: self.compile.pids,
+                        output_bytes: self.compile.output_bytes,
                     };
                 }
                 Staging::Shell => {
@@ -200,6 +241,7 @@ impl Execution {
                         (Some(a), Some(b)) => Some(a.max(b)),
                         _ => None,
                     };
+                    job.limits.pids = self.compile.pids.max(self.run.pids);
                     let script =
                         staged_script(&compile, self.compile.timeout_ms, &shell_words(&run));
                     run = vec!["/bin/sh".into(), "-c".into(), script];
@@ -388,16 +430,79 @@ mod tests {
             compile: StageLimits {
                 timeout_ms: 10_000,
                 memory_mb: Some(512),
-                cpu_ms: None,
+                pids: Some(200),
+                ..StageLimits::default()
             },
             run: StageLimits {
                 timeout_ms: 2_000,
                 memory_mb: Some(128),
                 cpu_ms: Some(1_000),
+                ..StageLimits::default()
             },
             collect: vec!["out.txt".into()],
             output_bytes: None,
             merge_stderr: false,
+        }
+    }
+
+    #[test]
+    fn compile_limits_come_from_the_request_then_the_language_then_the_gateway() {
+        let b = Bounds {
+            max_compile_timeout_ms: 30_000,
+            max_memory_mb: 2048,
+            compile_memory_mb: 1024,
+            ..Bounds::default()
+        };
+        let lang = CompileLimits {
+            timeout_ms: Some(20_000),
+            memory_mb: Some(1536),
+            pids: Some(128),
+            output_bytes: Some(4096),
+        };
+        let big = CompileLimits {
+            timeout_ms: Some(90_000),
+            memory_mb: Some(8192),
+            ..CompileLimits::default()
+        };
+        let asked = |timeout_ms, memory_mb| AskedCompile {
+            timeout_ms,
+            memory_mb,
+        };
+        let none = CompileLimits::default();
+        for (language, asked, want) in [
+            // Nothing asked, nothing in the catalogue: the gateway's.
+            (none, asked(None, None), (10_000, 1024, None, None)),
+            // The catalogue's.
+            (
+                lang,
+                asked(None, None),
+                (20_000, 1536, Some(128), Some(4096)),
+            ),
+            // The request's over the catalogue's, each on its own.
+            (
+                lang,
+                asked(Some(5_000), None),
+                (5_000, 1536, Some(128), Some(4096)),
+            ),
+            (
+                lang,
+                asked(None, Some(64)),
+                (20_000, 64, Some(128), Some(4096)),
+            ),
+            // A catalogue's default past the ceilings is held to them.
+            (big, asked(None, None), (30_000, 2048, None, None)),
+        ] {
+            let got = b.compile_limits(&language, asked, 10_000);
+            assert_eq!(
+                (
+                    got.timeout_ms,
+                    got.memory_mb.unwrap(),
+                    got.pids,
+                    got.output_bytes
+                ),
+                want,
+                "{language:?} {asked:?}"
+            );
         }
     }
 
@@ -466,6 +571,7 @@ mod tests {
         assert_eq!(stage.argv.as_ref().unwrap()[0], "g++");
         assert_eq!(stage.timeout_ms, Some(10_000));
         assert_eq!(stage.limits.memory_mb, Some(512));
+        assert_eq!(stage.limits.pids, Some(200));
         assert_eq!(job.argv.as_deref().unwrap(), ["./main", "a b"]);
         assert_eq!(job.collect, ["out.txt"]);
     }

@@ -14,7 +14,13 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::gateway::catalogue::Catalogue;
-use crate::gateway::exec::{Bounds, Executed, Execution, Stage, StageLimits, StageStatus};
+use crate::gateway::exec::{
+    AskedCompile, Bounds, Executed, Execution, Stage, StageLimits, StageStatus,
+};
+
+/// SandboxFusion's stage timeout when a request sets none (the compile stage's when the
+/// runtime catalogue sets none either).
+const TIMEOUT_MS: u64 = 10_000;
 
 /// A refused request: HTTP 422 and its body.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,9 +77,10 @@ pub fn parse_run_code(
                 format!("language {language:?} is not offered here"),
             )
         })?;
-    let seconds = |field: &str, max_ms: u64| -> Result<u64, Rejection> {
+    // A stage's timeout; none when the request sets none.
+    let seconds = |field: &str, max_ms: u64| -> Result<Option<u64>, Rejection> {
         let secs = match obj.get(field) {
-            None | Some(Value::Null) => 10.0,
+            None | Some(Value::Null) => return Ok(None),
             Some(v) => v
                 .as_f64()
                 .ok_or_else(|| invalid(field, "value is not a valid float"))?,
@@ -88,10 +95,11 @@ pub fn parse_run_code(
                 format!("must be at most {} seconds", max_ms as f64 / 1000.0),
             ));
         }
-        Ok(ms as u64)
+        Ok(Some(ms as u64))
     };
     let compile_timeout = seconds("compile_timeout", bounds.max_compile_timeout_ms)?;
-    let run_timeout = seconds("run_timeout", bounds.max_run_timeout_ms)?;
+    let run_timeout = seconds("run_timeout", bounds.max_run_timeout_ms)?
+        .unwrap_or(TIMEOUT_MS.min(bounds.max_run_timeout_ms));
     let memory = match obj.get("memory_limit_MB") {
         None | Some(Value::Null) => None,
         Some(v) => match v.as_i64() {
@@ -152,6 +160,16 @@ pub fn parse_run_code(
             "is the program's own source file",
         ));
     }
+    let mut compile = bounds.compile_limits(
+        &lang.runtime.compile_limits,
+        AskedCompile {
+            timeout_ms: compile_timeout,
+            memory_mb: None,
+        },
+        TIMEOUT_MS,
+    );
+    // `memory_limit_MB` is the program's: a compiler is given at least as much.
+    compile.memory_mb = compile.memory_mb.max(memory);
     Ok(Execution {
         language: lang.clone(),
         source_name,
@@ -159,15 +177,11 @@ pub fn parse_run_code(
         files,
         stdin,
         args: Vec::new(),
-        compile: StageLimits {
-            timeout_ms: compile_timeout,
-            memory_mb: Some(bounds.compile_memory_mb.max(memory.unwrap_or(0))),
-            cpu_ms: None,
-        },
+        compile,
         run: StageLimits {
             timeout_ms: run_timeout,
             memory_mb: memory,
-            cpu_ms: None,
+            ..StageLimits::default()
         },
         collect,
         output_bytes: None,
@@ -274,6 +288,36 @@ mod tests {
                 .language
                 .name(),
             "javascript"
+        );
+    }
+
+    #[test]
+    fn compile_limits_are_the_requests_else_the_languages() {
+        let java = crate::runtimes::Catalogue::builtin()
+            .find("java")
+            .unwrap()
+            .compile_limits;
+        let e = parse(json!({"code": "class A {}", "language": "java"})).unwrap();
+        assert_eq!(Some(e.compile.timeout_ms), java.timeout_ms);
+        assert_eq!(
+            (e.compile.memory_mb, e.compile.pids),
+            (java.memory_mb, java.pids)
+        );
+        assert_eq!(e.run.timeout_ms, 10_000);
+        let job = e
+            .to_job("j", crate::gateway::exec::Staging::Native)
+            .unwrap();
+        let stage = job.compile.unwrap();
+        assert_eq!(stage.timeout_ms, java.timeout_ms);
+        assert_eq!(stage.limits.pids, java.pids);
+        // The request's compile_timeout replaces the language's; its memory_limit_MB is the
+        // program's, and a compiler is given at least as much.
+        let e = parse(json!({"code": "class A {}", "language": "java",
+            "compile_timeout": 3, "memory_limit_MB": 3000}))
+        .unwrap();
+        assert_eq!(
+            (e.compile.timeout_ms, e.compile.memory_mb),
+            (3_000, Some(3000))
         );
     }
 

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use crate::gateway::catalogue::Catalogue;
-use crate::gateway::exec::{Bounds, Executed, Execution, Stage, StageLimits, StageStatus};
+use crate::gateway::exec::{
+    AskedCompile, Bounds, Executed, Execution, Stage, StageLimits, StageStatus,
+};
 
 /// The version `/about` reports.
 pub const VERSION: &str = "1.13.1";
@@ -506,15 +508,17 @@ impl Submission {
             files: BTreeMap::new(),
             stdin: self.stdin.clone().unwrap_or_default().into_bytes(),
             args,
-            compile: StageLimits {
-                timeout_ms: bounds.max_compile_timeout_ms,
-                memory_mb: Some(bounds.compile_memory_mb),
-                cpu_ms: None,
-            },
+            // A submission sets no compile limits (Judge0 compiles within its maximums).
+            compile: bounds.compile_limits(
+                &lang.runtime.compile_limits,
+                AskedCompile::default(),
+                bounds.max_compile_timeout_ms,
+            ),
             run: StageLimits {
                 timeout_ms: secs_ms(self.wall_time_limit).max(1),
                 memory_mb: Some(self.memory_limit.div_ceil(1024)),
                 cpu_ms: Some(secs_ms(self.cpu_time_limit + self.cpu_extra_time).max(1)),
+                ..StageLimits::default()
             },
             collect: Vec::new(),
             output_bytes: None,
@@ -950,6 +954,30 @@ mod tests {
 
     fn sub(expected: Option<&str>) -> Submission {
         parse(json!({"source_code": "x", "language_id": 54, "expected_output": expected, "cpu_time_limit": 1}), false).unwrap()
+    }
+
+    #[test]
+    fn a_submission_compiles_within_its_languages_catalogue_limits() {
+        // Judge0's submissions set no compile limits: the catalogue's for C++ apply.
+        let bounds = Bounds::default();
+        let e = sub(None).execution(&catalogue(), &bounds).unwrap();
+        let cxx = crate::runtimes::Catalogue::builtin()
+            .find("c++")
+            .unwrap()
+            .compile_limits;
+        assert_eq!(Some(e.compile.timeout_ms), cxx.timeout_ms);
+        assert_eq!(e.compile.memory_mb, cxx.memory_mb);
+        // A gateway whose ceiling is lower holds the catalogue's to it.
+        let low = Bounds {
+            max_compile_timeout_ms: 5_000,
+            max_memory_mb: 256,
+            ..bounds
+        };
+        let e = sub(None).execution(&catalogue(), &low).unwrap();
+        assert_eq!(
+            (e.compile.timeout_ms, e.compile.memory_mb),
+            (5_000, Some(256))
+        );
     }
 
     fn ran(

@@ -15,7 +15,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::gateway::catalogue::{Catalogue, Language};
-use crate::gateway::exec::{Bounds, Executed, Execution, Stage, StageLimits, StageStatus};
+use crate::gateway::exec::{
+    AskedCompile, Bounds, Executed, Execution, Stage, StageLimits, StageStatus,
+};
+
+/// Piston's stage timeouts when a request sets none (the compile stage's when the runtime
+/// catalogue sets none either).
+const COMPILE_TIMEOUT_MS: u64 = 10_000;
+const RUN_TIMEOUT_MS: u64 = 3_000;
 
 /// A rejected request: the HTTP status and Piston's `message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,14 +143,9 @@ pub fn parse_execute(
         body.compile_timeout,
         "compile_timeout",
         bounds.max_compile_timeout_ms,
-        10_000,
     )?;
-    let run_timeout = timeout_ms(
-        body.run_timeout,
-        "run_timeout",
-        bounds.max_run_timeout_ms,
-        3_000,
-    )?;
+    let run_timeout = timeout_ms(body.run_timeout, "run_timeout", bounds.max_run_timeout_ms)?
+        .unwrap_or(RUN_TIMEOUT_MS.min(bounds.max_run_timeout_ms));
     let compile_memory = memory_mb(body.compile_memory_limit, "compile_memory_limit", bounds)?;
     let run_memory = memory_mb(body.run_memory_limit, "run_memory_limit", bounds)?;
     let mut decoded = decoded.into_iter();
@@ -168,15 +170,18 @@ pub fn parse_execute(
         files,
         stdin,
         args,
-        compile: StageLimits {
-            timeout_ms: compile_timeout,
-            memory_mb: Some(compile_memory.unwrap_or(bounds.compile_memory_mb)),
-            cpu_ms: None,
-        },
+        compile: bounds.compile_limits(
+            &lang.runtime.compile_limits,
+            AskedCompile {
+                timeout_ms: compile_timeout,
+                memory_mb: compile_memory,
+            },
+            COMPILE_TIMEOUT_MS,
+        ),
         run: StageLimits {
             timeout_ms: run_timeout,
             memory_mb: run_memory,
-            cpu_ms: None,
+            ..StageLimits::default()
         },
         collect: Vec::new(),
         output_bytes: None,
@@ -240,12 +245,12 @@ fn string_list(v: Option<Value>, field: &str) -> Result<Vec<String>, Rejection> 
     }
 }
 
-/// A stage's timeout in milliseconds: `default` when absent, at most `max`.
-fn timeout_ms(v: Option<Value>, field: &str, max: u64, default: u64) -> Result<u64, Rejection> {
+/// A stage's timeout in milliseconds, at most `max`; none when absent.
+fn timeout_ms(v: Option<Value>, field: &str, max: u64) -> Result<Option<u64>, Rejection> {
     match v {
-        None | Some(Value::Null) => Ok(default.min(max)),
+        None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => match n.as_f64() {
-            Some(ms) if ms > 0.0 && ms <= max as f64 => Ok(ms.ceil() as u64),
+            Some(ms) if ms > 0.0 && ms <= max as f64 => Ok(Some(ms.ceil() as u64)),
             Some(ms) if ms > 0.0 => Err(bad(format!(
                 "{field} cannot exceed the configured limit of {max}"
             ))),
@@ -426,6 +431,38 @@ mod tests {
         assert_eq!(e.source, b"print(1)");
         assert_eq!(e.files["data.txt"], b"hi");
         assert_eq!(e.run.memory_mb, Some(96));
+    }
+
+    #[test]
+    fn compile_limits_are_the_requests_else_the_languages() {
+        let builtin = crate::runtimes::Catalogue::builtin();
+        let cxx = builtin.find("c++").unwrap().compile_limits;
+        let rust = builtin.find("rust").unwrap().compile_limits;
+        let body = |language: &str| json!({"language": language, "version": "*", "files": [{"content": "int main(){}"}]});
+        let e = parse(body("c++")).unwrap();
+        assert_eq!(Some(e.compile.timeout_ms), cxx.timeout_ms);
+        assert_eq!(e.compile.memory_mb, cxx.memory_mb);
+        assert_eq!(e.run.timeout_ms, 3_000);
+        let e = parse(body("rust")).unwrap();
+        assert_eq!(
+            (
+                Some(e.compile.timeout_ms),
+                e.compile.memory_mb,
+                e.compile.pids
+            ),
+            (rust.timeout_ms, rust.memory_mb, rust.pids)
+        );
+        // The request's own replace them, and -1 leaves the language's.
+        let mut own = body("c++");
+        own["compile_timeout"] = json!(4000);
+        own["compile_memory_limit"] = json!(300 * 1024 * 1024);
+        let e = parse(own.clone()).unwrap();
+        assert_eq!(
+            (e.compile.timeout_ms, e.compile.memory_mb),
+            (4_000, Some(300))
+        );
+        own["compile_memory_limit"] = json!(-1);
+        assert_eq!(parse(own).unwrap().compile.memory_mb, cxx.memory_mb);
     }
 
     #[test]

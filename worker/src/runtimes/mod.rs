@@ -13,7 +13,9 @@ pub mod probe;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use forkbox_queue::schema::{CompileStage, FileData, Job, Runtime};
+use forkbox_queue::schema::{
+    CompileStage, FileData, Job, Limits, Runtime, StageLimits, MAX_TIMEOUT_MS,
+};
 use serde::{Deserialize, Serialize};
 
 /// The catalogue shipped with the node.
@@ -43,13 +45,101 @@ pub struct Language {
     /// The warm runtime that runs `run`, if any.
     #[serde(default)]
     pub warm: Option<Runtime>,
+    /// The compile stage's limits when a request sets none of its own.
+    #[serde(default, skip_serializing_if = "CompileLimits::is_empty")]
+    pub compile_limits: CompileLimits,
 }
 
+/// A language's default limits for its compile stage (`compile_limits = { ... }`): compilers
+/// differ (g++ on `<bits/stdc++.h>` takes seconds, javac and rustc hundreds of MB), so each
+/// language may say what its compiler needs. A request's own compile limits override these,
+/// and a front end holds both to its ceilings; a limit left out is the front end's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompileLimits {
+    /// The stage's wall-clock limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Processes and threads the compiler may have at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    /// The most output (per stream) the compiler may write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+}
+
+impl CompileLimits {
+    pub fn is_empty(&self) -> bool {
+        *self == CompileLimits::default()
+    }
+
+    /// The stage's limits besides its timeout, as a job carries them.
+    pub fn stage_limits(&self) -> StageLimits {
+        StageLimits {
+            memory_mb: self.memory_mb,
+            pids: self.pids,
+            output_bytes: self.output_bytes,
+            cpu_ms: None,
+        }
+    }
+
+    /// Each limit set is within the range a job accepts (the schema's), else which is not.
+    fn check(&self) -> Result<(), String> {
+        let ranges = Limits::ranges();
+        let range = |name: &str| {
+            ranges
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .map_or((1, u64::MAX), |&(_, min, max)| (min, max))
+        };
+        for (field, value, (min, max)) in [
+            ("timeout_ms", self.timeout_ms, (1, MAX_TIMEOUT_MS)),
+            ("memory_mb", self.memory_mb, range("memory_mb")),
+            ("pids", self.pids, range("pids")),
+            ("output_bytes", self.output_bytes, range("output_bytes")),
+        ] {
+            match value {
+                Some(v) if v < min.max(1) || v > max => {
+                    return Err(format!("{field}: {v} is not within {}..={max}", min.max(1)))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for CompileLimits {
+    /// `timeout=20s,memory=2048MB,pids=64,output=1048576B`, or `-` when none is set.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(ms) = self.timeout_ms {
+            parts.push(format!("timeout={}s", ms as f64 / 1000.0));
+        }
+        if let Some(mb) = self.memory_mb {
+            parts.push(format!("memory={mb}MB"));
+        }
+        if let Some(n) = self.pids {
+            parts.push(format!("pids={n}"));
+        }
+        if let Some(b) = self.output_bytes {
+            parts.push(format!("output={b}B"));
+        }
+        if parts.is_empty() {
+            return f.write_str("-");
+        }
+        f.write_str(&parts.join(","))
+    }
+}
+
+/// A catalogue file: `[[language]]` tables, read one by one so that an error names its entry.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CatalogueFile {
     #[serde(default, rename = "language")]
-    languages: Vec<Language>,
+    languages: Vec<toml::Table>,
 }
 
 /// A set of languages with unique names and aliases.
@@ -119,9 +209,31 @@ impl Catalogue {
             origin: origin.to_owned(),
             message: e.to_string(),
         })?;
-        let catalogue = Catalogue {
-            languages: file.languages,
-        };
+        let languages = file
+            .languages
+            .into_iter()
+            .enumerate()
+            .map(|(index, table)| {
+                let name = match table.get("name") {
+                    Some(toml::Value::String(name)) => name.clone(),
+                    _ => format!("#{}", index + 1),
+                };
+                serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+                    let field = e.path().to_string();
+                    let message = e.inner().message().trim_end().to_owned();
+                    CatalogueError::Invalid {
+                        origin: origin.to_owned(),
+                        name,
+                        reason: if field == "." {
+                            message
+                        } else {
+                            format!("{field}: {message}")
+                        },
+                    }
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let catalogue = Catalogue { languages };
         catalogue.check(origin)?;
         Ok(catalogue)
     }
@@ -197,6 +309,14 @@ impl Catalogue {
                     }
                 }
             }
+            if !lang.compile_limits.is_empty() && lang.compile.is_none() {
+                return Err(bad(
+                    "compile_limits: the language has no compile stage (compile)".into(),
+                ));
+            }
+            lang.compile_limits
+                .check()
+                .map_err(|r| bad(format!("compile_limits.{r}")))?;
             if lang.warm.is_some() && lang.compile.is_some() {
                 return Err(bad(
                     "warm: a language with a compile stage runs its program exec'd".into(),
@@ -329,8 +449,8 @@ impl Language {
 
     /// A staged job for a program of this language: its files (the first is the main one,
     /// named by [`Language::source_name`] when it has no name), the compile stage if the
-    /// language has one, and the run command followed by `args`. Stdin, timeouts and limits
-    /// are the caller's to set on the returned job.
+    /// language has one (with the catalogue's compile limits), and the run command followed by
+    /// `args`. Stdin, the run's timeout and limits are the caller's to set on the returned job.
     pub fn expand(&self, files: &[SourceFile], args: &[String]) -> Result<Job, ExpandError> {
         let first = files.first().ok_or(ExpandError::NoFiles)?;
         let main = match &first.name {
@@ -364,7 +484,11 @@ impl Language {
         Ok(Job {
             argv: Some(argv),
             files: out,
-            compile: self.compile.as_ref().map(|c| CompileStage::argv(fill(c))),
+            compile: self.compile.as_ref().map(|c| CompileStage {
+                timeout_ms: self.compile_limits.timeout_ms,
+                limits: self.compile_limits.stage_limits(),
+                ..CompileStage::argv(fill(c))
+            }),
             runtime: self.warm,
             ..Job::default()
         })

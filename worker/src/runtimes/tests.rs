@@ -270,8 +270,136 @@ version = ["zig", "version"]
         assert!(e.contains(want), "{bad}: {e}");
         assert!(e.contains("runtimes.toml"), "names the file: {e}");
     }
+    // Compile limits: checked against the ranges a job takes, each error naming the
+    // language and the field.
+    let entry = "[[language]]\nname=\"x\"\nsource_file=\"a\"\ncompile=[\"cc\"]\nrun=[\"x\"]\nversion=[\"x\"]\n";
+    for (limits, want) in [
+        (
+            "compile_limits={memory_mb=\"2G\"}",
+            "language \"x\": compile_limits.memory_mb: invalid type: string \"2G\", expected u64",
+        ),
+        (
+            "compile_limits={memroy_mb=1}",
+            "language \"x\": compile_limits.memroy_mb: unknown field `memroy_mb`",
+        ),
+        (
+            "compile_limits={timeout_ms=0}",
+            "language \"x\": compile_limits.timeout_ms: 0 is not within 1..=",
+        ),
+        (
+            "compile_limits={pids=1}",
+            "language \"x\": compile_limits.pids: 1 is not within 2..=",
+        ),
+        (
+            "compile_limits={memory_mb=-5}",
+            "language \"x\": compile_limits.memory_mb: invalid value",
+        ),
+    ] {
+        std::fs::write(&path, format!("{entry}{limits}\n")).unwrap();
+        let e = Catalogue::load(Some(&path)).unwrap_err().to_string();
+        assert!(e.contains(want), "{limits}: {e}");
+    }
+    std::fs::write(
+        &path,
+        "[[language]]\nname=\"x\"\nsource_file=\"a\"\nrun=[\"x\"]\nversion=[\"x\"]\ncompile_limits={memory_mb=64}\n",
+    )
+    .unwrap();
+    let e = Catalogue::load(Some(&path)).unwrap_err().to_string();
+    assert!(
+        e.contains("language \"x\": compile_limits: the language has no compile stage"),
+        "{e}"
+    );
+    // A field of the wrong type elsewhere names its entry too.
+    std::fs::write(
+        &path,
+        "[[language]]\nname=\"x\"\nsource_file=\"a\"\nrun=\"x\"\nversion=[\"x\"]\n",
+    )
+    .unwrap();
+    let e = Catalogue::load(Some(&path)).unwrap_err().to_string();
+    assert!(e.contains("language \"x\": run: invalid type"), "{e}");
+
     let e = Catalogue::load(Some(&dir.path().join("absent.toml")))
         .unwrap_err()
         .to_string();
     assert!(e.starts_with("reading the runtime catalogue"), "{e}");
+}
+
+#[test]
+fn compiled_languages_carry_compile_limits_the_operator_can_change() {
+    let builtin = Catalogue::builtin();
+    for lang in builtin.languages() {
+        if lang.compile.is_none() {
+            assert!(lang.compile_limits.is_empty(), "{}", lang.name);
+            continue;
+        }
+        let l = lang.compile_limits;
+        assert!(
+            l.timeout_ms.is_some() && l.memory_mb.is_some(),
+            "{}: {l:?}",
+            lang.name
+        );
+    }
+    // Compilers that need more than a script: seconds for C++, memory for the JVM and rustc.
+    let limits = |c: &Catalogue, name: &str| c.find(name).unwrap().compile_limits;
+    assert!(
+        limits(&builtin, "c++").timeout_ms.unwrap() > limits(&builtin, "c").timeout_ms.unwrap()
+    );
+    for name in ["java", "rust", "go"] {
+        assert!(limits(&builtin, name).memory_mb.unwrap() >= 2048, "{name}");
+    }
+    // expand puts them on the compile stage.
+    let job = builtin
+        .find("java")
+        .unwrap()
+        .expand(
+            &[SourceFile {
+                name: None,
+                content: text("public class Main {}"),
+            }],
+            &[],
+        )
+        .unwrap();
+    let stage = job.compile.as_ref().unwrap();
+    assert_eq!(stage.timeout_ms, limits(&builtin, "java").timeout_ms);
+    assert_eq!(stage.limits.memory_mb, limits(&builtin, "java").memory_mb);
+    assert_eq!(stage.limits.pids, limits(&builtin, "java").pids);
+    job_is_valid(&job);
+
+    // The operator's entry replaces the language's, its limits with it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runtimes.toml");
+    std::fs::write(
+        &path,
+        r#"
+[[language]]
+name = "c++"
+source_file = "main.cpp"
+compile = ["g++", "-O2", "-o", "main", "{source}"]
+run = ["./main"]
+version = ["g++", "-dumpfullversion"]
+compile_limits = { timeout_ms = 45000, memory_mb = 3072, output_bytes = 65536 }
+"#,
+    )
+    .unwrap();
+    let c = Catalogue::load(Some(&path)).unwrap();
+    assert_eq!(
+        limits(&c, "c++"),
+        CompileLimits {
+            timeout_ms: Some(45_000),
+            memory_mb: Some(3072),
+            pids: None,
+            output_bytes: Some(65536),
+        }
+    );
+    assert_eq!(
+        limits(&c, "c++").to_string(),
+        "timeout=45s,memory=3072MB,output=65536B"
+    );
+    assert_eq!(limits(&c, "python3").to_string(), "-");
+}
+
+fn job_is_valid(job: &Job) {
+    let mut job = job.clone();
+    job.id = Some("j".into());
+    job.validate().unwrap();
 }
