@@ -49,7 +49,8 @@ KERNEL=${FORKBOX_VM_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n
 # --- the test binaries, built on the host ----------------------------------------------------
 echo "vm: building the test binaries"
 artifacts=$("$CARGO" test -p forkbox --no-run --lib --test cgroup_limits --test runtimes \
-  --test sandbox --test sandbox_kernel_state --test killed_usage --message-format=json 2>/dev/null) ||
+  --test sandbox --test sandbox_kernel_state --test killed_usage --test staged \
+  --message-format=json 2>/dev/null) ||
   fail "cargo test --no-run failed"
 exe() {
   python3 -c '
@@ -68,7 +69,8 @@ RUNTIMES=$(exe runtimes)
 SANDBOX=$(exe sandbox)
 KERNEL_STATE=$(exe sandbox_kernel_state)
 KILLED_USAGE=$(exe killed_usage)
-for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE" "$KILLED_USAGE"; do
+STAGED=$(exe staged)
+for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE" "$KILLED_USAGE" "$STAGED"; do
   [ -x "$b" ] || fail "test binary not found ($b)"
 done
 
@@ -86,6 +88,8 @@ mkdir -p "$OUT"
   # A stopped job's usage read from its cgroup (cpu.stat, memory.peak), where the host's own
   # run reads it from the sandbox's /proc.
   printf '%s\t%s\t%s\n' killed-usage "$KILLED_USAGE" ""
+  # A staged job's cgroup narrowed to the run stage's limits between the stages.
+  printf '%s\t%s\t%s\n' staged-memory "$STAGED" "under_a_cgroup_each_stage"
 } >"$OUT/plan"
 
 # --- one boot --------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 //! figures. C and C++ (and Java where installed): a compile that succeeds and a program that
 //! sees its binary and its stdin, a compile error, a compile stage killed at its timeout (with
 //! its usage counted up to the kill), a program killed at its own timeout after a compile, and
-//! the program's peak apart from the compiler's.
+//! the program's peak apart from the compiler's; under a delegated cgroup (the VM tier), each
+//! stage held to its own memory limit with its own peak.
 
 mod limits_support;
 mod sandbox_support;
@@ -346,4 +347,77 @@ async fn every_language_the_node_offers_compiles_and_runs_from_the_catalogue() {
         assert_eq!(o.stdout, "42\n", "{}: {o:?}", lang.name);
         assert_eq!(o.compile.is_some(), lang.compile.is_some(), "{}", lang.name);
     }
+}
+
+/// A python3 program that holds `mb` MiB for a moment, then writes `done`.
+fn hold(mb: u64) -> String {
+    format!(
+        "import time\nb = bytearray({mb} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+         time.sleep(0.2)\nopen('done', 'w').write('x')\nprint('held')"
+    )
+}
+
+fn staged_python(compile_mb: u64, compile_hold: u64, run_mb: u64, run_hold: u64) -> Job {
+    Job {
+        timeout_ms: Some(300_000),
+        limits: forkbox_queue::Limits {
+            memory_mb: Some(run_mb),
+            ..forkbox_queue::Limits::default()
+        },
+        compile: Some(CompileStage {
+            timeout_ms: Some(300_000),
+            limits: StageLimits {
+                memory_mb: Some(compile_mb),
+                ..StageLimits::default()
+            },
+            ..CompileStage::argv(["python3", "-c", &hold(compile_hold)])
+        }),
+        ..Job::argv(["python3", "-c", &hold(run_hold)])
+    }
+}
+
+/// Under a delegated cgroup (the VM tier runs this as root), the sandbox's cgroup holds the
+/// larger stage's memory while the compiler runs and the run stage's once the program starts:
+/// each stage is held to its own limit and reports its own peak.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_a_cgroup_each_stage_has_its_own_memory_limit_and_peak() {
+    if !have("staged memory under a cgroup", &["python3"]) {
+        return;
+    }
+    let e = engine();
+    // A compiler that takes 200 MiB under its 400, then a program of 20 MiB under its 64.
+    let o = e.run(&staged_python(400, 200, 64, 20)).await;
+    if o.memory_bound_by != Some(forkbox_queue::schema::MemoryBound::Cgroup) {
+        forkbox_testkit::skipped(
+            "staged memory under a cgroup: no delegated cgroup here; `make test-vm` runs it",
+        );
+        return;
+    }
+    assert_eq!(
+        (o.status, o.stdout.as_str()),
+        (Status::Ok, "held\n"),
+        "{o:?}"
+    );
+    let stage = ok_and_compiled(&o);
+    assert!(stage.max_rss_kb >= 200 * 1024, "compile: {stage:?}");
+    assert!(
+        (20 * 1024..64 * 1024).contains(&o.max_rss_kb),
+        "the program's peak is its own, under its limit: {} KiB (compile {} KiB)",
+        o.max_rss_kb,
+        stage.max_rss_kb
+    );
+    // A program past its own limit is stopped there, though the compiler's was larger.
+    let o = e.run(&staged_python(400, 10, 64, 150)).await;
+    assert_eq!(o.status, Status::MemoryLimit, "{o:?}");
+    assert_eq!(ok_and_compiled(&o).status, StageStatus::Ok);
+    assert_eq!(o.stdout, "", "{o:?}");
+    assert!(o.max_rss_kb <= 64 * 1024, "{o:?}");
+    // And the compiler at its own, below the program's: the stage's limit, not the sandbox's.
+    let o = e.run(&staged_python(64, 150, 400, 10)).await;
+    assert_eq!(o.status, Status::CompileError, "{o:?}");
+    assert_eq!(
+        o.compile.as_ref().map(|c| c.status),
+        Some(StageStatus::MemoryLimit),
+        "{o:?}"
+    );
 }

@@ -1,7 +1,7 @@
 //! One job, end to end: checks that need no sandbox, the payload, the hand-over, the wait for
 //! its report and exit, and the fold into an [`Outcome`].
 
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::Ordering;
 
 use forkbox_queue::schema::{EffectiveLimits, Job, Outcome, Status};
@@ -16,7 +16,7 @@ use super::payload::{exec_args_limit, exec_bytes, job_env, memfd_with, pipe};
 use super::run_error::RunError;
 use super::start::Engine;
 use crate::sandbox::isolate::setup_error::SetupError;
-use crate::sandbox::isolate::{collect, limits};
+use crate::sandbox::isolate::{cgroup, collect, limits};
 use crate::sandbox::kernel::clock::mono_ns;
 use crate::sandbox::process::stage;
 use crate::sandbox::process::wire::{CompilePlan, Payload, StageReport, ToZygote};
@@ -196,9 +196,14 @@ impl Engine {
         let (stdout_r, stdout_w) = pipe()?;
         let (stderr_r, stderr_w) = pipe()?;
         let (report_r, report_w) = pipe()?;
-        // A staged job's compile stage is reported on a pipe of its own, read beside the run:
-        // the init's report is lost when the sandbox is killed from outside.
-        let stage_pipe = payload.compile.as_ref().map(|_| pipe()).transpose()?;
+        // A staged job's compile stage is reported on a socket of its own, read beside the run
+        // (the init's report is lost when the sandbox is killed from outside); the engine
+        // answers on it once the sandbox holds the run stage's limits.
+        let stage_pipe = payload
+            .compile
+            .as_ref()
+            .map(|_| stage_socket())
+            .transpose()?;
 
         let requested_ns = mono_ns();
         let mut fds = vec![
@@ -236,9 +241,14 @@ impl Engine {
             .compile
             .as_ref()
             .map_or(0, |plan| plan.limits.output_bytes.saturating_mul(12));
+        let run_stage = cgroup_job.as_ref().map(|cg| cg.run_stage(&limits));
         let stage_report = stage_pipe.map(|(r, w)| {
             drop(w);
-            tokio::spawn(read_all(r, stage_output.saturating_add(64 * 1024)))
+            tokio::spawn(between_stages(
+                r,
+                stage_output.saturating_add(64 * 1024),
+                run_stage,
+            ))
         });
         // From here on, a dropped future must not leave the sandbox running.
         let mut kill_guard = KillGuard {
@@ -276,17 +286,10 @@ impl Engine {
             Some(both) => both,
             None => capture.await,
         };
-        let accounting = watched.cgroup.and_then(|cg| {
-            cg.finish()
-                .map_err(|e| tracing::warn!("job cgroup left behind: {e}"))
-                .ok()
-        });
-        let compiled = match stage_report {
-            Some(task) => stage::read_report(&task.await.unwrap_or_default()),
-            None => None,
-        };
         // The program's own figures, when its launcher lived to tell them.
         let run_measured = watched.report.as_ref().is_some_and(|r| r.run.is_some());
+        let (compiled, accounting) =
+            stage_and_accounting(stage_report, watched.cgroup.take(), run_measured).await;
         let watchdog_killed = watched.exit.as_ref().is_some_and(|e| e.timed_out);
         let observed = Observed {
             report: watched.report,
@@ -317,6 +320,87 @@ impl Engine {
             ended,
         ))
     }
+}
+
+/// Once the sandbox is gone: the compile stage's report (a staged job's) and the cgroup's
+/// accounting, the cgroup removed, with a staged program's peak its own
+/// ([`stage::run_peak_kb`]).
+async fn stage_and_accounting(
+    stage_report: Option<tokio::task::JoinHandle<(Vec<u8>, Option<std::fs::File>)>>,
+    cgroup: Option<cgroup::JobCgroup>,
+    run_measured: bool,
+) -> (Option<StageReport>, Option<cgroup::Accounting>) {
+    let (compiled, run_peak_kb) = match stage_report {
+        Some(task) => {
+            let (report, peak) = task.await.unwrap_or_default();
+            // Read before the cgroup goes.
+            (
+                stage::read_report(&report),
+                peak.as_ref().and_then(cgroup::reset_peak_kb),
+            )
+        }
+        None => (None, None),
+    };
+    let accounting = cgroup.and_then(|cg| {
+        cg.finish()
+            .map_err(|e| tracing::warn!("job cgroup left behind: {e}"))
+            .ok()
+    });
+    let accounting = accounting.map(|a| cgroup::Accounting {
+        memory_peak_kb: stage::run_peak_kb(a.memory_peak_kb, run_peak_kb, run_measured),
+        ..a
+    });
+    (compiled, accounting)
+}
+
+/// A staged job's stage socket: the engine's end and the sandbox's.
+fn stage_socket() -> Result<(OwnedFd, OwnedFd), RunError> {
+    use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(RunError::StageSocket)
+}
+
+/// The engine's side of a staged job between its stages: reads the compile stage's report to
+/// its end (at most `max` bytes) and, when the stage succeeded, sets the sandbox's cgroup (if
+/// it has one) to the run stage's limits, then lets the program start. Returns the report and
+/// the cgroup's `memory.peak` reset at the program's start, where the kernel has that. When
+/// the limits cannot be set the program is not let start (its launcher stops the job).
+async fn between_stages(
+    sock: OwnedFd,
+    max: u64,
+    run_stage: Option<cgroup::RunStage>,
+) -> (Vec<u8>, Option<std::fs::File>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let std_sock = std::os::unix::net::UnixStream::from(sock);
+    let Ok(mut sock) = std_sock
+        .set_nonblocking(true)
+        .and_then(|()| tokio::net::UnixStream::from_std(std_sock))
+    else {
+        return (Vec::new(), None);
+    };
+    let mut report = Vec::new();
+    let _ = (&mut sock).take(max).read_to_end(&mut report).await;
+    if !stage::read_report(&report).is_some_and(|r| stage::succeeded(&r)) {
+        return (report, None);
+    }
+    let peak = match run_stage {
+        None => None,
+        Some(run) => match tokio::task::spawn_blocking(move || run.apply()).await {
+            Ok(Ok(peak)) => peak,
+            Ok(Err(e)) => {
+                tracing::warn!("staged job: setting the run stage's limits: {e}");
+                return (report, None);
+            }
+            Err(_) => return (report, None),
+        },
+    };
+    let _ = sock.write_all(&[stage::RUN_LIMITS_SET]).await;
+    (report, peak)
 }
 
 /// A job whose files do not fit its disk: the launcher would run out of room writing them, a

@@ -23,6 +23,8 @@ pub(crate) enum RunError {
     MemfdSeal(Errno),
     #[error("pipe: {0}")]
     Pipe(Errno),
+    #[error("the compile stage's socket: {0}")]
+    StageSocket(Errno),
     #[error("sending the job to the zygote: {0}")]
     SendJob(Errno),
     #[error("telling the zygote about the job: {0}")]
@@ -42,6 +44,7 @@ impl RunError {
             RunError::MemfdCreate(e)
             | RunError::MemfdSeal(e)
             | RunError::Pipe(e)
+            | RunError::StageSocket(e)
             | RunError::SendJob(e)
             | RunError::SendStarted(e) => Some(*e),
             RunError::MemfdWrite(e) => e.raw_os_error().map(Errno::from_raw),

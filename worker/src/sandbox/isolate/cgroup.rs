@@ -244,6 +244,15 @@ impl JobCgroup {
         stat_field(&stat, "usage_usec")
     }
 
+    /// What this cgroup becomes when a staged job's program starts: the run stage's limits.
+    pub fn run_stage(&self, limits: &EffectiveLimits) -> RunStage {
+        RunStage {
+            dir: self.dir.clone(),
+            memory_mb: limits.memory_mb,
+            pids: limits.pids,
+        }
+    }
+
     /// Reads the accounting and removes the cgroup.
     pub fn finish(self) -> Result<Accounting, CgroupError> {
         let cpu_us = self.cpu_usage_us();
@@ -261,6 +270,46 @@ impl JobCgroup {
             cpu_us,
         })
     }
+}
+
+/// A staged job's cgroup between its stages: it held the larger of the two stages' memory and
+/// processes while the compiler ran; the program gets its own.
+#[derive(Debug, Clone)]
+pub struct RunStage {
+    dir: PathBuf,
+    memory_mb: u64,
+    pids: u64,
+}
+
+impl RunStage {
+    /// Sets `memory.max` and `pids.max` to the run stage's, and returns `memory.peak` opened
+    /// to count from now where the kernel can (Linux 6.12: a write to it resets the peak seen
+    /// through that descriptor), so the program's peak is not the compiler's.
+    pub fn apply(&self) -> Result<Option<fs::File>, CgroupError> {
+        let job = JobCgroup {
+            dir: self.dir.clone(),
+        };
+        job.write("memory.max", &(self.memory_mb * 1024 * 1024).to_string())?;
+        job.write("pids.max", &self.pids.to_string())?;
+        let peak = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(self.dir.join("memory.peak"))
+            .and_then(|mut f| {
+                std::io::Write::write_all(&mut f, b"reset\n")?;
+                Ok(f)
+            });
+        Ok(peak.ok())
+    }
+}
+
+/// A peak read through a `memory.peak` descriptor [`RunStage::apply`] reset, in KiB.
+pub fn reset_peak_kb(peak: &fs::File) -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 32];
+    let n = peak.read_at(&mut buf, 0).ok()?;
+    let bytes: u64 = std::str::from_utf8(&buf[..n]).ok()?.trim().parse().ok()?;
+    Some(bytes / 1024)
 }
 
 impl JobCgroup {
@@ -371,6 +420,41 @@ mod tests {
             p.delegation,
             Delegation::Unavailable("no cgroup2 filesystem is mounted".into())
         );
+    }
+
+    #[test]
+    fn a_staged_jobs_cgroup_takes_the_run_stages_limits() {
+        let f = fake("cpu memory pids");
+        let tree = Tree::prepare(&f.node, 4242).unwrap();
+        let both = EffectiveLimits {
+            memory_mb: 1024,
+            pids: 256,
+            ..EffectiveLimits::default()
+        };
+        let job = tree.create_job("job-8", &both).unwrap();
+        let dir = job.path().to_owned();
+        let run = job.run_stage(&EffectiveLimits {
+            memory_mb: 64,
+            pids: 16,
+            ..both
+        });
+        // A kernel without the peak's reset: no descriptor, the limits set all the same.
+        let peak = run.apply().unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.join("memory.max")).unwrap(),
+            "67108864"
+        );
+        assert_eq!(fs::read_to_string(dir.join("pids.max")).unwrap(), "16");
+        assert!(peak.is_none(), "no memory.peak in the fake tree");
+        // With one (the fake's plain file stands in for the kernel's): read from its start.
+        fs::write(dir.join("memory.peak"), "").unwrap();
+        let peak = run.apply().unwrap().expect("memory.peak opened");
+        fs::write(dir.join("memory.peak"), "2097152\n").unwrap();
+        assert_eq!(reset_peak_kb(&peak), Some(2048));
+        // Gone (the job over): an error naming the file.
+        job.finish().unwrap();
+        let e = run.apply().unwrap_err().to_string();
+        assert!(e.contains("memory.max"), "{e}");
     }
 
     #[test]

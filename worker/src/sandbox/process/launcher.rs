@@ -78,10 +78,13 @@ pub(super) fn main(ch: Channels, cfg: &ZygoteConfig, hardening: &Hardening) -> !
             payload.memory,
             resolve,
         ));
-        super::stage::report_compiled(stage_fd, &compiled, plan.limits.output_bytes);
+        super::stage::report_compiled(&stage_fd, &compiled, plan.limits.output_bytes);
         if !compiled.succeeded() {
             job.abort(SetupError::new("the compile stage did not succeed").of_job());
         }
+        // The program starts under its own limits, not the compiler's.
+        job.or_abort(super::stage::await_run_limits(&stage_fd));
+        drop(stage_fd);
     }
     exec_program(&job, &payload, &cwd, &ch.handoff)
 }

@@ -7,7 +7,9 @@
 //! job's disk; the launcher reports the stage, with its output, to the engine on a pipe of its
 //! own ([`report_compiled`]). If the stage exited 0, the program runs as another child of the
 //! launcher, which waits for it and tells the init its usage ([`run_usage`]), so the run
-//! stage's peak is its own, not the compiler's.
+//! stage's peak is its own, not the compiler's. Between the two the launcher waits for the
+//! engine to narrow the sandbox's cgroup from the larger of the stages' limits to the run
+//! stage's ([`await_run_limits`]).
 
 use std::ffi::CString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
@@ -42,7 +44,28 @@ pub(super) struct Compiled {
 
 impl Compiled {
     pub fn succeeded(&self) -> bool {
-        self.report.exit_code == Some(0) && self.report.killed.is_none()
+        succeeded(&self.report)
+    }
+}
+
+/// Whether a stage's report says it succeeded (the program runs after it).
+pub(crate) fn succeeded(report: &StageReport) -> bool {
+    report.exit_code == Some(0) && report.killed.is_none()
+}
+
+/// A job's peak memory under a cgroup, whose `memory.peak` (`cgroup_kb`) holds a staged job's
+/// compiler too: for a program whose own figures its launcher told (`run_measured`), the
+/// cgroup's peak counted from its start (`since_run_kb`) where the kernel can reset it, else
+/// none, so the outcome takes the program's own; otherwise the cgroup's.
+pub(crate) fn run_peak_kb(
+    cgroup_kb: Option<u64>,
+    since_run_kb: Option<u64>,
+    run_measured: bool,
+) -> Option<u64> {
+    if run_measured {
+        since_run_kb
+    } else {
+        cgroup_kb
     }
 }
 
@@ -319,9 +342,9 @@ fn end_stage(proc: &Path) {
     }
 }
 
-/// Reports the compile stage to the engine on its pipe (`stage`, closed after), with its output
-/// cut at `output_bytes` per stream.
-pub(super) fn report_compiled(stage: OwnedFd, compiled: &Compiled, output_bytes: u64) {
+/// Reports the compile stage to the engine on its socket (`stage`, shut for writing after), with
+/// its output cut at `output_bytes` per stream.
+pub(super) fn report_compiled(stage: &OwnedFd, compiled: &Compiled, output_bytes: u64) {
     let (stdout, stdout_truncated) = read_output(&compiled.stdout, output_bytes);
     let (stderr, stderr_truncated) = read_output(&compiled.stderr, output_bytes);
     let report = StageReport {
@@ -332,7 +355,39 @@ pub(super) fn report_compiled(stage: OwnedFd, compiled: &Compiled, output_bytes:
         ..compiled.report.clone()
     };
     let bytes = serde_json::to_vec(&report).unwrap_or_default();
-    let _ = std::io::Write::write_all(&mut std::fs::File::from(stage), &bytes);
+    let mut written = 0;
+    while written < bytes.len() {
+        match nix::unistd::write(stage, &bytes[written..]) {
+            Ok(n) => written += n,
+            Err(Errno::EINTR) => {}
+            Err(_) => break,
+        }
+    }
+    // The engine reads the report to its end before it answers.
+    let _ = nix::sys::socket::shutdown(stage.as_raw_fd(), nix::sys::socket::Shutdown::Write);
+}
+
+/// The byte by which the engine says the sandbox now holds the run stage's limits.
+pub(crate) const RUN_LIMITS_SET: u8 = b'1';
+
+/// Waits until the engine has set the sandbox's limits to the run stage's (its cgroup's
+/// memory and processes, which held the compiler's until now), told by [`RUN_LIMITS_SET`] on
+/// the stage's socket. Anything else (the engine could not set them) stops the job: the
+/// program never runs under the compiler's limits.
+pub(super) fn await_run_limits(stage: &OwnedFd) -> Result<(), SetupError> {
+    let mut byte = [0u8; 1];
+    loop {
+        match nix::unistd::read(stage.as_raw_fd(), &mut byte) {
+            Ok(1) if byte[0] == RUN_LIMITS_SET => return Ok(()),
+            Err(Errno::EINTR) => {}
+            Ok(_) => {
+                return Err(SetupError::new(
+                    "the sandbox's limits could not be set to the run stage's",
+                ))
+            }
+            Err(e) => return Err(SetupError::errno("wait for the run stage's limits", e)),
+        }
+    }
 }
 
 /// The run stage of a staged job: the program as the launcher's child, its exit mirrored as
@@ -525,6 +580,35 @@ pub(crate) fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staged_programs_peak_is_its_own_not_the_compilers() {
+        for (cgroup_kb, since_run_kb, run_measured, want) in [
+            // A job without stages: the cgroup's peak.
+            (Some(900_000), None, false, Some(900_000)),
+            // The program's, counted from its start where the kernel resets the peak.
+            (Some(900_000), Some(30_000), true, Some(30_000)),
+            // Where it cannot: none, for the program's own figure to be taken.
+            (Some(900_000), None, true, None),
+            // The launcher did not live to tell: the sandbox's (both stages').
+            (Some(900_000), Some(30_000), false, Some(900_000)),
+        ] {
+            assert_eq!(
+                run_peak_kb(cgroup_kb, since_run_kb, run_measured),
+                want,
+                "{cgroup_kb:?} {since_run_kb:?} {run_measured}"
+            );
+        }
+        let done = |exit_code, killed| StageReport {
+            exit_code,
+            killed,
+            ..StageReport::default()
+        };
+        assert!(succeeded(&done(Some(0), None)));
+        assert!(!succeeded(&done(Some(1), None)));
+        assert!(!succeeded(&done(Some(0), Some(StageKill::Output))));
+        assert!(!succeeded(&done(None, None)));
+    }
 
     #[test]
     fn how_a_stage_ended_decides_its_status() {
