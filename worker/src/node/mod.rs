@@ -61,6 +61,7 @@ pub mod preflight;
 pub mod reader;
 pub(crate) mod seam;
 pub(crate) mod session;
+pub(crate) mod session_fork;
 pub(crate) mod session_relay;
 pub(crate) mod session_task;
 pub mod shared;
