@@ -44,6 +44,9 @@ const TWIN_ENV: &str = "FORKBOX_SESSION_TWIN";
 /// 30 s; this is the node's, past it).
 const CALL_WAIT: Duration = Duration::from_secs(40);
 
+/// How long the frozen copy may take to stop itself.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
 /// How long one twin copy may take.
 const TWIN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -231,19 +234,28 @@ async fn freeze(parent: &mut SandboxSession) -> Result<Frozen, ForkError> {
         .host_pids()
         .and_then(|p| p.first().copied())
         .ok_or_else(|| ForkError::Freeze("the parent's sandbox is not known yet".into()))?;
-    let procs = sandbox_processes(init).map_err(|why| ForkError::Locate {
-        what: "parent's sandbox",
-        why,
-    })?;
     let ns = r["frozen"].as_i64().unwrap_or(-1);
-    let pid = procs
-        .iter()
-        .find(|p| p.ns == ns && p.state == 'T')
-        .map(|p| Pid::from_raw(p.host))
-        .ok_or_else(|| ForkError::Locate {
-            what: "frozen",
-            why: format!("no stopped process {ns} in the parent's sandbox"),
+    // F stops itself right after the fork; the kernel may answer before it has.
+    let started = std::time::Instant::now();
+    let (procs, pid) = loop {
+        let procs = sandbox_processes(init).map_err(|why| ForkError::Locate {
+            what: "parent's sandbox",
+            why,
         })?;
+        let found = procs.iter().find(|p| p.ns == ns).map(|p| (p.host, p.state));
+        match found {
+            Some((host, 'T')) => break (procs, Pid::from_raw(host)),
+            Some(_) if started.elapsed() < STOP_WAIT => {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            _ => {
+                return Err(ForkError::Locate {
+                    what: "frozen",
+                    why: format!("no stopped process {ns} in the parent's sandbox"),
+                })
+            }
+        }
+    };
     let pidfd = pidfd_open(pid).map_err(|e| ForkError::Locate {
         what: "frozen",
         why: e.to_string(),
