@@ -140,6 +140,17 @@ import uuid, secrets
 (random.random(), str(uuid.uuid4()), secrets.token_hex(8))
 "#;
 
+/// The processes of the sandbox that are stopped or not yet reaped.
+const STOPPED: &str = r#"
+import os
+def state(p):
+    try:
+        return open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+[p for p in os.listdir("/proc") if p.isdigit() and state(p) in ("T", "t", "Z")]
+"#;
+
 const ISOLATION: &str = r#"
 import ctypes
 status = dict(l.split(":", 1) for l in open("/proc/self/status").read().splitlines())
@@ -180,6 +191,9 @@ async fn branches_compute_what_the_parent_computes_then_go_their_own_way() {
     }
     // The same state computes the same next cell, in the parent and in each branch.
     let want = value(&mut parent, "digest()").await;
+    // The frozen copy is gone from the parent's sandbox (killed, and reaped by its kernel).
+    let left = value(&mut parent, STOPPED).await;
+    assert_eq!(left, "[]", "stopped or unreaped processes in the parent");
     for b in &mut branches {
         assert_eq!(value(b, "digest()").await, want);
         let r = call(b, json!({"op": "run_code", "code": "7"})).await;
