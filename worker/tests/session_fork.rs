@@ -185,6 +185,8 @@ async fn branches_compute_what_the_parent_computes_then_go_their_own_way() {
         assert!(named.contains("socket:["), "{named}");
         assert!(named.contains("thread ticker"), "{named}");
         assert!(named.contains("(sleep)"), "{named}");
+        // The one thread is Python's, named: none is counted as native.
+        assert!(!named.contains("native code"), "{named}");
         assert!(b.disk.files >= 2, "{:?}", b.disk);
         eprintln!("{:?}\n{:?}", b.twin, b.not_carried);
         branches.push(b.session);

@@ -277,6 +277,16 @@ async fn freeze(parent: &mut SandboxSession) -> Result<Frozen, ForkError> {
             )
         })
         .collect();
+    // Threads the interpreter did not start (a native library's pool) are counted only.
+    let native = r["tasks"]
+        .as_u64()
+        .unwrap_or(1)
+        .saturating_sub(1 + not_carried.len() as u64);
+    if native > 0 {
+        not_carried.push(format!(
+            "{native} thread(s) of native code: threads are not carried"
+        ));
+    }
     not_carried.extend(
         procs
             .iter()
