@@ -7,7 +7,9 @@
 //!   raw engine, and what Redis does per job;
 //! - `session` (session.rs): a session's open, first `run_code` and round trip at the engine
 //!   level, and its idle memory, against a warm one-shot job;
-//! - `twin` (twin.rs): the twin copy a session's fork uses, against rebuilding the same state.
+//! - `twin` (twin.rs): the twin copy a session's fork uses, against rebuilding the same state;
+//! - `fork` (fork.rs): a live session's fork to each branch's first result, against a fresh
+//!   session building the same state and files.
 //!
 //! Like `forkbox`, this binary serves its engine's zygote (`forkbox-bench __zygote`), so what it
 //! measures is the sandbox code of the same build.
@@ -19,6 +21,7 @@ use clap::{Args, Parser, Subcommand};
 use forkbox::sandbox::{EngineConfig, PythonSettings};
 use forkbox_queue::schema::Network;
 
+mod fork;
 mod queue;
 mod session;
 mod spawn;
@@ -44,6 +47,9 @@ enum Bench {
     Session(session::SessionBenchArgs),
     /// The twin copy of a session's fork: the parent's pause, the copy, the twin's memory.
     Twin(twin::TwinBenchArgs),
+    /// A live session's fork, fork(1) and fork(N), to each branch's first run_code result,
+    /// against a fresh session building the same state and files.
+    Fork(fork::ForkBenchArgs),
 }
 
 /// What the measured engine is built with: the options of `forkbox worker` that change what a
@@ -101,6 +107,7 @@ fn main() -> ExitCode {
         Bench::Queue(args) => queue::main(args),
         Bench::Session(args) => session::main(args),
         Bench::Twin(args) => twin::main(args),
+        Bench::Fork(args) => fork::main(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("forkbox-bench: {e:#}");

@@ -136,6 +136,7 @@ pub fn contract() -> Value {
             "session_call": SESSION_CALL_LUA,
             "session_open": SESSION_OPEN_LUA,
             "session_end": SESSION_END_LUA,
+            "session_fork": SESSION_FORK_LUA,
         },
         "sessions": sessions_contract(&q),
     })
@@ -149,6 +150,9 @@ pub const SESSION_OPEN_LUA: &str = include_str!("../lua/session_open.lua");
 
 /// The script a node ends a session with.
 pub const SESSION_END_LUA: &str = include_str!("../lua/session_end.lua");
+
+/// The script a node records a fork's branches with (and the parent's children).
+pub const SESSION_FORK_LUA: &str = include_str!("../lua/session_fork.lua");
 
 /// Sessions (docs/protocol.md "Sessions"): the create job's object, the keys, calls, events,
 /// reasons, defaults and bounds.
@@ -187,6 +191,7 @@ fn sessions_contract(q: &Keys) -> Value {
             "calls_maxlen": CALLS_MAXLEN,
             "backstop_grace_ms": BACKSTOP_GRACE_MS,
             "wait_slice_ms": WAIT_SLICE_MS,
+            "max_fork_branches": MAX_FORK_BRANCHES,
         },
         "node_maximums": serde_json::to_value(SessionCeilings::default()).expect("serializes"),
         "stream_fields": {"call": CALL_FIELD, "event": EVENT_FIELD},

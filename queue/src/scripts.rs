@@ -33,11 +33,12 @@ pub(crate) struct Scripts {
     pub session_open: Script,
     pub session_call: Script,
     pub session_end: Script,
+    pub session_fork: Script,
 }
 
 /// Every script's name and source: what [`SCRIPTS`] loads, and whose headers the calls are
 /// held to.
-pub(crate) const SOURCES: [(&str, &str); 11] = [
+pub(crate) const SOURCES: [(&str, &str); 12] = [
     ("enqueue", include_str!("../lua/enqueue.lua")),
     ("complete", include_str!("../lua/complete.lua")),
     ("refresh_claims", include_str!("../lua/refresh_claims.lua")),
@@ -52,6 +53,7 @@ pub(crate) const SOURCES: [(&str, &str); 11] = [
     ("session_open", include_str!("../lua/session_open.lua")),
     ("session_call", include_str!("../lua/session_call.lua")),
     ("session_end", include_str!("../lua/session_end.lua")),
+    ("session_fork", include_str!("../lua/session_fork.lua")),
 ];
 
 fn source(name: &str) -> &'static str {
@@ -74,6 +76,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     session_open: Script::new(source("session_open")),
     session_call: Script::new(source("session_call")),
     session_end: Script::new(source("session_end")),
+    session_fork: Script::new(source("session_fork")),
 });
 
 /// The slots one table (`KEYS` or `ARGV`) of a script names.

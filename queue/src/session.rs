@@ -27,6 +27,8 @@ pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 pub const MAX_EVENT_DATA_BYTES: usize = 64 * 1024;
 /// Calls of one session that may wait behind the running one; past it a call ends `busy`.
 pub const CALL_QUEUE_LEN: usize = 64;
+/// Most branches one `fork` call asks for (the node's session capacity bounds it further).
+pub const MAX_FORK_BRANCHES: u32 = 16;
 /// How long a call's event stream lives after its terminal event.
 pub const CALL_EVENTS_LINGER_MS: u64 = 300_000;
 /// Approximate cap (`MAXLEN ~`) of a node's calls stream.
@@ -106,10 +108,11 @@ pub enum CallOp {
     SetTimeout,
     Kill,
     Info,
+    Fork,
 }
 
 impl CallOp {
-    pub const ALL: [CallOp; 10] = [
+    pub const ALL: [CallOp; 11] = [
         CallOp::RunCode,
         CallOp::Exec,
         CallOp::FilesWrite,
@@ -120,6 +123,7 @@ impl CallOp {
         CallOp::SetTimeout,
         CallOp::Kill,
         CallOp::Info,
+        CallOp::Fork,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -134,6 +138,7 @@ impl CallOp {
             CallOp::SetTimeout => "set_timeout",
             CallOp::Kill => "kill",
             CallOp::Info => "info",
+            CallOp::Fork => "fork",
         }
     }
 
@@ -148,6 +153,7 @@ impl CallOp {
             CallOp::FilesList => (&["path"], &[]),
             CallOp::SetTimeout => (&["ttl_s", "idle_s"], &[]),
             CallOp::Interrupt | CallOp::Kill | CallOp::Info => (&[], &[]),
+            CallOp::Fork => (&["n"], &["n"]),
         }
     }
 
@@ -198,6 +204,9 @@ pub struct Call {
     /// `set_timeout`: a new idle timeout.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_s: Option<u64>,
+    /// `fork`: how many branches (1 to [`MAX_FORK_BRANCHES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
 }
 
 impl Call {
@@ -315,7 +324,7 @@ impl Call {
         self.check_op_fields(op)
     }
 
-    fn given(&self) -> [(&'static str, bool); 10] {
+    fn given(&self) -> [(&'static str, bool); 11] {
         [
             ("code", self.code.is_some()),
             ("cmd", self.cmd.is_some()),
@@ -327,6 +336,7 @@ impl Call {
             ("data", self.data.is_some()),
             ("ttl_s", self.ttl_s.is_some()),
             ("idle_s", self.idle_s.is_some()),
+            ("n", self.n.is_some()),
         ]
     }
 
@@ -356,6 +366,12 @@ impl Call {
             return Err(invalid(
                 "ttl_s",
                 "a `set_timeout` call needs `ttl_s` or `idle_s`",
+            ));
+        }
+        if let Some(n) = self.n.filter(|n| *n == 0 || *n > MAX_FORK_BRANCHES) {
+            return Err(invalid(
+                "n",
+                format!("must be between 1 and {MAX_FORK_BRANCHES}, got {n}"),
             ));
         }
         for (name, value) in [("ttl_s", self.ttl_s), ("idle_s", self.idle_s)] {
@@ -566,6 +582,12 @@ pub struct SessionInfo {
     pub runtime: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mb: Option<u64>,
+    /// The session this one was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// The sessions forked from this one, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<String>,
 }
 
 impl SessionInfo {
@@ -584,6 +606,16 @@ impl SessionInfo {
             ended_ms: num("ended_ms"),
             runtime: h.get("runtime").filter(|r| !r.is_empty()).cloned(),
             memory_mb: num("memory_mb"),
+            parent: h.get("parent").filter(|p| !p.is_empty()).cloned(),
+            children: h
+                .get("children")
+                .map(|c| {
+                    c.split(',')
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default(),
         })
     }
 }

@@ -342,6 +342,44 @@ impl Queue {
         })
     }
 
+    /// Records the branches `children` of session `parent` of node `node` as live sessions
+    /// with `fields`, each naming its parent, and lists them in the parent's hash
+    /// (`lua/session_fork.lua`), atomically. `false` when the parent is no longer this node's
+    /// live session: the node ends the branches it made.
+    pub async fn fork_session_record(
+        &self,
+        parent: &str,
+        node: &str,
+        children: &[String],
+        expires_ms: u64,
+        fields: &[(&str, String)],
+    ) -> Result<bool, QueueError> {
+        let mut invocation = SCRIPTS.session_fork.key(self.keys.session(parent));
+        invocation.key(self.keys.sessions());
+        for sid in children {
+            invocation.key(self.keys.session(sid));
+        }
+        invocation
+            .arg(parent)
+            .arg(node)
+            .arg(expires_ms)
+            .arg(children.len());
+        for sid in children {
+            invocation.arg(sid);
+        }
+        for (name, value) in fields {
+            invocation.arg(*name).arg(value);
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation.checked());
+        let (recorded,): (i64,) = self
+            .broker
+            .query_scripted(&pipe, &[&SCRIPTS.session_fork])
+            .await
+            .map_err(|e| self.session_err(e))?;
+        Ok(recorded == 1)
+    }
+
     /// Records session `sid` of node `node` as ended for `reason` (`lua/session_end.lua`) and
     /// gives each call of `calls` (in flight or queued) the terminal event `event`. Returns
     /// whether this call ended it.

@@ -41,6 +41,21 @@ pub enum SessionCommand {
     Kill(IdArgs),
     /// A new lifetime (from now) or idle timeout.
     SetTimeout(SetTimeoutArgs),
+    /// Fork the session into N new sessions, each a copy of its interpreter state and files;
+    /// prints their ids, one a line (what a branch does not get, and a branch that failed, on
+    /// stderr). Needs `--runtime python`.
+    Fork(ForkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    #[command(flatten)]
+    pub client: ClientOpts,
+    /// The session's id.
+    pub id: String,
+    /// How many branches.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub n: u32,
 }
 
 #[derive(Debug, Args)]
@@ -197,6 +212,7 @@ pub async fn main(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             send(&a.client, Call::new(&a.id, CallOp::Kill)).await?;
             Ok(ExitCode::SUCCESS)
         }
+        SessionCommand::Fork(a) => fork(a).await,
         SessionCommand::SetTimeout(a) => {
             let call = Call {
                 ttl_s: a.ttl,
@@ -488,6 +504,48 @@ async fn send(client: &ClientOpts, call: Call) -> anyhow::Result<serde_json::Map
         Event::Error { error, .. } => bail!("{error}"),
         _ => bail!("the call ended without a terminal event"),
     }
+}
+
+/// `session fork`: the new ids on stdout; what each branch lacks, and each failed branch, on
+/// stderr; exits 1 when a branch asked for was not made.
+async fn fork(a: ForkArgs) -> anyhow::Result<ExitCode> {
+    let call = Call {
+        n: Some(a.n),
+        ..Call::new(&a.id, CallOp::Fork)
+    };
+    let r = send(&a.client, call).await?;
+    check_ok(&r)?;
+    let mut all = true;
+    for b in r
+        .get("branches")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match b["id"].as_str() {
+            Some(id) if b["ok"] == true => {
+                println!("{}", for_stdout(id));
+                for what in b["not_carried"].as_array().into_iter().flatten() {
+                    let what = what.as_str().unwrap_or_default();
+                    eprintln!(
+                        "forkbox: {}: not carried: {}",
+                        for_stderr(id),
+                        for_stderr(what)
+                    );
+                }
+            }
+            _ => {
+                all = false;
+                let why = b["error"].as_str().unwrap_or("no reason given");
+                eprintln!("forkbox: a branch failed: {}", for_stderr(why));
+            }
+        }
+    }
+    Ok(if all {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn check_ok(r: &serde_json::Map<String, Value>) -> anyhow::Result<()> {

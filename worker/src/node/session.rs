@@ -23,8 +23,9 @@ use crate::node::config::SessionSettings;
 use crate::node::health::{Backoff, RedisHealth};
 use crate::node::metrics as m;
 use crate::node::outbox::Outbox;
+use crate::node::session_fork::{branches_that_fit, ForkRights};
 use crate::node::session_relay::capacity_refusal;
-use crate::node::session_task::{Cmd, SessionTask, TaskSetup};
+use crate::node::session_task::{BranchSeats, Cmd, SessionTask, TaskSetup};
 use crate::node::shared::{Queued, SessionOpener, Shared};
 use crate::sandbox::{Engine, OpenError, SandboxSession, SessionSpec};
 
@@ -81,7 +82,13 @@ impl Sessions {
         }
     }
 
-    async fn open_one(&self, shared: &Shared, d: Delivery, permits: Permits, outbox: Outbox) {
+    async fn open_one(
+        self: &Arc<Self>,
+        shared: &Shared,
+        d: Delivery,
+        permits: Permits,
+        outbox: Outbox,
+    ) {
         let Permits { admission, hold } = permits;
         drop(admission);
         let Ok(job) = d.job.clone() else {
@@ -117,17 +124,15 @@ impl Sessions {
         let sandbox_ttl_ms = (self.settings.ceilings.ttl_s * 2_000)
             .max(ttl_s * 1000)
             .min(forkbox_queue::schema::MAX_TIMEOUT_MS);
-        let opened = self
-            .engine
-            .open_session(SessionSpec {
-                limits: job.limits,
-                env: job.env.clone(),
-                files: job.files.clone(),
-                network: job.network,
-                runtime: job.runtime,
-                ttl_ms: sandbox_ttl_ms,
-            })
-            .await;
+        let sandbox_spec = SessionSpec {
+            limits: job.limits,
+            env: job.env.clone(),
+            files: job.files.clone(),
+            network: job.network,
+            runtime: job.runtime,
+            ttl_ms: sandbox_ttl_ms,
+        };
+        let opened = self.engine.open_session(sandbox_spec.clone()).await;
         let session = match opened {
             Ok(s) => s,
             Err(e) => {
@@ -146,6 +151,7 @@ impl Sessions {
             output_bytes: limits.output_bytes,
             memory_mb: limits.memory_mb,
             sandbox_ttl_ms,
+            fork: (Arc::downgrade(self), sandbox_spec),
         };
         // Calls may come as soon as the record is stored: they wait in the channel.
         let (tx, rx) = mpsc::unbounded_channel();
@@ -232,8 +238,18 @@ impl Sessions {
             }
         }
         self.health.ok();
+        let (sessions, sandbox_spec) = open.fork.clone();
         Some(TaskSetup {
             sid: d.id.clone(),
+            parent: None,
+            fork: Some(Arc::new(ForkRights {
+                sessions,
+                engine: self.engine.clone(),
+                spec: sandbox_spec,
+                spec_json: spec.to_string(),
+                ttl_s: open.ttl_s,
+                sandbox_ttl_ms: open.sandbox_ttl_ms,
+            })),
             node: self.name.clone(),
             created_ms,
             expires_ms,
@@ -420,6 +436,38 @@ impl Sessions {
     }
 }
 
+impl BranchSeats for Sessions {
+    fn reserve_branches(&self, sids: &[String], memory_mb: u64) -> Result<(), usize> {
+        let mut live = self.live.lock().expect("live lock");
+        let used: u64 = live.values().map(|e| e.memory_mb).sum();
+        let fit = branches_that_fit(&self.settings, live.len(), used, memory_mb, sids.len());
+        if fit < sids.len() {
+            return Err(fit);
+        }
+        for sid in sids {
+            let entry = Entry {
+                memory_mb,
+                to_task: None,
+            };
+            live.insert(sid.clone(), entry);
+        }
+        ::metrics::gauge!(m::SESSIONS_LIVE).set(live.len() as f64);
+        Ok(())
+    }
+
+    fn release_branch(&self, sid: &str) {
+        self.release(sid);
+    }
+
+    fn start_branch(&self, queue: Queue, session: SandboxSession, setup: TaskSetup) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(e) = self.live.lock().expect("live lock").get_mut(&setup.sid) {
+            e.to_task = Some(tx);
+        }
+        self.go_live(queue, session, setup, rx);
+    }
+}
+
 async fn futures_join(tasks: Vec<JoinHandle<()>>) {
     for t in tasks {
         let _ = t.await;
@@ -451,6 +499,8 @@ struct Opening<'a> {
     output_bytes: u64,
     memory_mb: u64,
     sandbox_ttl_ms: u64,
+    /// What the session's task needs to fork it.
+    fork: (std::sync::Weak<Sessions>, SessionSpec),
 }
 
 /// A create job's `ok` outcome: nothing ran but the session's sandbox.

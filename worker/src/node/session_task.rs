@@ -32,8 +32,13 @@ pub(crate) enum Cmd {
 }
 
 /// What a session's task starts from, beside its sandbox.
+#[derive(Clone)]
 pub(crate) struct TaskSetup {
     pub(crate) sid: String,
+    /// The session it was forked from.
+    pub(crate) parent: Option<String>,
+    /// What serves a `fork` call (`None`: this session cannot be forked here).
+    pub(crate) fork: Option<Arc<dyn Forker>>,
     pub(crate) node: String,
     pub(crate) created_ms: u64,
     pub(crate) expires_ms: u64,
@@ -45,6 +50,27 @@ pub(crate) struct TaskSetup {
     pub(crate) sandbox_deadline: Instant,
     pub(crate) ceilings: SessionCeilings,
     pub(crate) health: Arc<RedisHealth>,
+}
+
+/// A session's fork, as its task sees it (the node's side is `node::session_fork`): the
+/// fields of the `fork` call's result.
+pub(crate) trait Forker: Send + Sync {
+    fn fork<'a>(
+        &'a self,
+        parent: &'a mut SandboxSession,
+        setup: &'a TaskSetup,
+        queue: &'a Queue,
+        n: usize,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Map<String, Value>> + Send + 'a>>;
+}
+
+/// The node's session capacity and tasks, as a fork's branches need them (`node::session`).
+pub(crate) trait BranchSeats: Send + Sync {
+    /// Reserves room for the branches `sids`, all or none; `Err(k)`: only `k` fit.
+    fn reserve_branches(&self, sids: &[String], memory_mb: u64) -> Result<(), usize>;
+    fn release_branch(&self, sid: &str);
+    /// Starts the task of a branch, reserved and recorded already.
+    fn start_branch(&self, queue: Queue, session: SandboxSession, setup: TaskSetup);
 }
 
 /// The call running in the sandbox.
@@ -65,6 +91,9 @@ pub(crate) struct SessionTask {
     writer: tokio::task::JoinHandle<()>,
     served: u64,
     execution_count: u64,
+    /// The sessions forked from this one, oldest first.
+    children: Vec<String>,
+    queue: Queue,
 }
 
 /// Why a session ends, and the words for it.
@@ -87,7 +116,7 @@ impl SessionTask {
         };
         let (out, rx) = mpsc::unbounded_channel();
         let writer = tokio::spawn(write(
-            queue,
+            queue.clone(),
             setup.sid.clone(),
             setup.node.clone(),
             rx,
@@ -104,6 +133,8 @@ impl SessionTask {
             writer,
             served: 0,
             execution_count: 0,
+            children: Vec::new(),
+            queue,
         }
     }
 
@@ -180,6 +211,27 @@ impl SessionTask {
         let Some((call, read_at)) = self.waiting.pop_front() else {
             return Ok(());
         };
+        if call.op() == CallOp::Fork {
+            // Served by the node between the interpreter's cells (its frames are the node's).
+            let n = call.n.unwrap_or(1) as usize;
+            let fields = match self.setup.fork.clone() {
+                Some(forker) => {
+                    forker
+                        .fork(&mut self.session, &self.setup, &self.queue, n)
+                        .await
+                }
+                None => Map::from_iter([
+                    ("ok".to_owned(), json!(false)),
+                    ("error".to_owned(), json!("this session cannot be forked")),
+                ]),
+            };
+            if let Some(ids) = fields.get("children").and_then(Value::as_array) {
+                let ids = ids.iter().filter_map(|v| v.as_str().map(str::to_owned));
+                self.children.extend(ids);
+            }
+            self.answer(&call, read_at, fields);
+            return Ok(());
+        }
         let timeout_ms = call.timeout_ms(u64::MAX);
         let mut frame = serde_json::to_value(&call).expect("a call serializes");
         frame["timeout_ms"] = json!(timeout_ms);
@@ -302,6 +354,8 @@ impl SessionTask {
             "calls_served": self.served,
             "calls_waiting": self.waiting.len() + usize::from(self.running.is_some()),
             "execution_count": self.execution_count,
+            "parent": self.setup.parent,
+            "children": self.children,
         })
     }
 

@@ -34,18 +34,20 @@ mod runtime;
 
 pub use engine::check;
 pub use engine::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
+pub use engine::disk_copy::{DiskCopy, DiskCopyError};
 pub use engine::output::{OutputChunk, OutputStream};
 pub use engine::run::{RunEnd, Slot};
 pub use engine::session::{
     EndReason, OpenError, SandboxSession, SessionEnd, SessionSpec, SessionUsage, MAX_FRAME,
 };
+pub use engine::session_fork::{ForkError, ForkedBranch, SessionFork};
 pub use engine::start::{
     default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms,
 };
 pub use isolate::cgroup::{probe as probe_cgroup, Delegation};
 pub use isolate::rootfs::{own_mount_points, RootSource};
 pub use isolate::seccomp::denied_numbers;
-pub use process::twin::{make_twin, TwinError, TwinLimits, TwinReport};
+pub use process::twin::{make_twin, make_twin_keeping, TwinError, TwinLimits, TwinReport};
 pub use process::zygote::main as zygote_main;
 pub use runtime::python::{
     PythonRuntime, PythonSettings, DEFAULT_PRELOAD as DEFAULT_PYTHON_PRELOAD,

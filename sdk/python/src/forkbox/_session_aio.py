@@ -12,7 +12,7 @@ import uuid
 from typing import Any, Awaitable, Callable, Dict, Generator, List, Mapping, Optional, Sequence, Union
 
 from ._schema import ENQUEUE_LUA, SCHEMA
-from .errors import PartitionsMismatch, ProtocolError, SessionEnded, SessionLost, SessionNotFound, Timeout
+from .errors import PartitionsMismatch, ProtocolError, SessionEnded, SessionForkError, SessionLost, SessionNotFound, Timeout
 from .job import Data, Limits, encode_data
 from .redis_queue import MAX_PARTITIONS, enqueue_keys_args, partition_of, partition_tag, redis_url_from_env
 from .result import decode_data
@@ -45,6 +45,8 @@ from .session import (
     create_job,
     ended_by_record,
     exec_fields,
+    fork_fields,
+    fork_outcome,
     opened,
     script_reply,
     state_of,
@@ -168,6 +170,8 @@ class AsyncSession:
         self.idle_s = idle_s
         self.runtime = runtime
         self.files = AsyncSessionFiles(self)
+        self.parent: Optional[str] = None
+        self.not_carried: List[str] = []
         self._tag = layout.tag(sid)
         self._script = layout.redis.register_script(_session_call_lua())
 
@@ -270,6 +274,19 @@ class AsyncSession:
         fields = exec_fields(cmd, stdin, env, cwd)
         call = CallState(self.id, "exec", fields, _seconds_to_ms("timeout", timeout), on_stdout, on_stderr)
         return _command_result(check_ok(self.id, "exec", await self._call(call)))
+
+    async def fork(self, n: int = 1, *, timeout: Optional[float] = None) -> List[AsyncSession]:
+        """See :meth:`forkbox.Session.fork`."""
+        r = await self._op("fork", fork_fields(n), timeout)
+        made, errors = fork_outcome(self.id, r)
+        kids = []
+        for kid, not_carried in made:
+            s = AsyncSession(self._layout, kid, self.node, None, self.idle_s, self.runtime)
+            s.parent, s.not_carried = self.id, not_carried
+            kids.append(s)
+        if errors:
+            raise SessionForkError(self.id, kids, errors)
+        return kids
 
     async def info(self) -> SessionInfo:
         r = await self._op("info", {}, None)

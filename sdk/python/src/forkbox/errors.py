@@ -6,7 +6,7 @@ Every failure is an exception: a call never returns ``None`` in place of a resul
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 if TYPE_CHECKING:
     from .result import Result
@@ -152,3 +152,18 @@ class SessionNotFound(SessionError, LookupError):
 class SessionCallError(SessionError, ValueError):
     """A call was refused as malformed, or its operation failed (a path outside ``/work``, a
     missing file); ``reason`` is the node's message."""
+
+
+class SessionForkError(SessionError):
+    """Some branches of a fork were not made. ``sessions`` holds those that were (live
+    sessions: kill them once done), ``errors`` why each other one failed, as the node said."""
+
+    def __init__(self, session_id: str, sessions: List[Any], errors: List[str]) -> None:
+        why = "; ".join(errors)
+        super().__init__(
+            session_id,
+            why,
+            f"session {session_id}: {len(errors)} of {len(sessions) + len(errors)} branches not made: {why}",
+        )
+        self.sessions = sessions
+        self.errors = errors

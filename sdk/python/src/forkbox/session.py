@@ -45,6 +45,7 @@ from .errors import (
     SessionCapacity,
     SessionEnded,
     SessionError,
+    SessionForkError,
     SessionLost,
     SessionNotFound,
     Timeout,
@@ -86,7 +87,7 @@ CALLS_MAXLEN: int = _DEFAULTS.get("calls_maxlen", 10000)
 #: The runtime a session gets when none is named: the warm interpreter serves ``run_code``.
 DEFAULT_SESSION_RUNTIME = "python"
 
-_OPS = ("run_code", "exec", "files_write", "files_read", "files_list", "files_remove", "interrupt", "set_timeout", "kill", "info")
+_OPS = ("run_code", "exec", "files_write", "files_read", "files_list", "files_remove", "interrupt", "set_timeout", "kill", "info", "fork")
 
 
 # -- the contract's names ---------------------------------------------------------------------
@@ -535,6 +536,30 @@ def check_ok(sid: str, op: str, r: Mapping[str, Any]) -> Mapping[str, Any]:
     return r
 
 
+def fork_fields(n: Any) -> Dict[str, Any]:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"fork: n must be an integer >= 1, got {n!r}")
+    return {"n": n}
+
+
+def fork_outcome(sid: str, r: Mapping[str, Any]) -> Tuple[List[Tuple[str, List[str]]], List[str]]:
+    """A fork's result: the branches made (id, what each does not have of the parent's) and
+    why each other one failed."""
+    made: List[Tuple[str, List[str]]] = []
+    errors: List[str] = []
+    branches = r.get("branches")
+    if not isinstance(branches, list):
+        raise ProtocolError(f"session {sid}: a fork's result without its branches")
+    for b in branches:
+        kid = b.get("id") if isinstance(b, Mapping) else None
+        if isinstance(b, Mapping) and b.get("ok") is True and isinstance(kid, str):
+            made.append((kid, [str(x) for x in b.get("not_carried") or []]))
+        else:
+            why = b.get("error") if isinstance(b, Mapping) else None
+            errors.append(str(why or "failed without a reason"))
+    return made, errors
+
+
 def exec_fields(
     cmd: Union[str, Sequence[str]], stdin: Optional[Data], env: Optional[Mapping[str, str]], cwd: Optional[str]
 ) -> Dict[str, Any]:
@@ -758,6 +783,9 @@ class Session:
         self.id = sid
         self.node = node
         self.files = SessionFiles(self)
+        # A branch of a fork: its parent's id, and what it does not have of the parent's.
+        self.parent: Optional[str] = None
+        self.not_carried: List[str] = []
         self._tag = q._tag(sid)
         self._script = q.redis.register_script(_session_call_lua())
 
@@ -836,6 +864,28 @@ class Session:
         fields = exec_fields(cmd, stdin, env, cwd)
         call = CallState(self.id, "exec", fields, _seconds_to_ms("timeout", timeout), on_stdout, on_stderr)
         return _command_result(check_ok(self.id, "exec", self._call(call)))
+
+    def fork(self, n: int = 1, *, timeout: Optional[float] = None) -> List[Session]:
+        """Forks the session into ``n`` new sessions on its node, each starting with a copy
+        of this one's interpreter state (variables, functions, open files at their offsets)
+        and files, then going its own way; this session runs on. Needs ``runtime="python"``.
+        Each branch's ``not_carried`` names what it does not have (sockets, threads,
+        background processes); ``random`` and the like are reseeded in it. Raises
+        :class:`~forkbox.SessionForkError` (with the branches made in ``sessions``) when some
+        could not be made, :class:`~forkbox.SessionCallError` when none could (past the
+        node's session capacity the message says how many could)."""
+        r = self._op("fork", fork_fields(n), timeout)
+        made, errors = fork_outcome(self.id, r)
+        kids = []
+        for kid, not_carried in made:
+            s = Session.__new__(Session)
+            s._attach(self.queue, kid, self.node)
+            s.expires_ms, s.idle_s, s.runtime = None, self.idle_s, self.runtime
+            s.parent, s.not_carried = self.id, not_carried
+            kids.append(s)
+        if errors:
+            raise SessionForkError(self.id, kids, errors)
+        return kids
 
     def info(self) -> SessionInfo:
         """The session's record and the node's live figures of it."""

@@ -9,11 +9,13 @@
 //! - `output`: capped stdout/stderr capture;
 //! - `outcome`: the pure fold of what was observed into an `Outcome`;
 //! - `session`: a long-lived sandbox running the session supervisor, talked to in frames;
+//!   `session_fork`: a live session's fork into branches, with `disk_copy` (its disk);
 //! - `staging`: the host staging directory; `defaults`: what a sandbox gets unless told;
 //! - `check`: `forkbox check`'s probe of the host's mechanisms.
 
 pub mod check;
 pub(crate) mod defaults;
+pub(crate) mod disk_copy;
 pub(crate) mod event_loop;
 pub(crate) mod events;
 pub(crate) mod handover;
@@ -23,5 +25,6 @@ pub(crate) mod payload;
 pub(crate) mod run;
 pub(crate) mod run_error;
 pub(crate) mod session;
+pub(crate) mod session_fork;
 pub(crate) mod staging;
 pub(crate) mod start;

@@ -349,13 +349,14 @@ pub(crate) struct FdSeen {
     pub pos: u64,
 }
 
-/// The files step, from `F`'s descriptors and `T`'s numbers. Standard streams stay `T`'s own
-/// (its sandbox's); a file or directory (read from its start) is opened again; anything else
-/// is named, and `T`'s own descriptor at that number, if any, closed.
-pub(crate) fn plan_fds(f: &[FdSeen], t: &[i32]) -> FdPlan {
+/// The files step, from `F`'s descriptors and `T`'s numbers. Standard streams and the numbers
+/// in `own` stay `T`'s own (its sandbox's); a file or directory (read from its start) is
+/// opened again; anything else is named, and `T`'s own descriptor at that number, if any,
+/// closed.
+pub(crate) fn plan_fds(f: &[FdSeen], t: &[i32], own: &[i32]) -> FdPlan {
     let mut plan = FdPlan::default();
-    let mut held = BTreeSet::new();
-    for seen in f.iter().filter(|s| s.fd > 2) {
+    let mut held: BTreeSet<i32> = own.iter().copied().collect();
+    for seen in f.iter().filter(|s| s.fd > 2 && !own.contains(&s.fd)) {
         let named = seen.link.starts_with('/') && !seen.link.ends_with(" (deleted)");
         if named && (!seen.dir || seen.pos == 0) {
             held.insert(seen.fd);
@@ -388,6 +389,19 @@ pub(crate) fn plan_fds(f: &[FdSeen], t: &[i32]) -> FdPlan {
 /// own (a blocking task), never on an async executor's. On success `twin` runs as `frozen`
 /// would; `frozen` stays stopped.
 pub fn make_twin(frozen: Pid, twin: Pid, limits: &TwinLimits) -> Result<TwinReport, TwinError> {
+    make_twin_keeping(frozen, twin, limits, &[])
+}
+
+/// [`make_twin`], where `T`'s descriptors numbered in `own` (above its standard streams) stay
+/// its own, as its standard streams do, and `F`'s at those numbers are neither carried nor
+/// named: a session's kernel keeps its pipes to its own supervisor at fixed numbers, so the
+/// copied interpreter talks to the twin's sandbox over them.
+pub fn make_twin_keeping(
+    frozen: Pid,
+    twin: Pid,
+    limits: &TwinLimits,
+    own: &[i32],
+) -> Result<TwinReport, TwinError> {
     let started = Instant::now();
     let deadline = Deadline {
         at: started + limits.timeout,
@@ -415,7 +429,7 @@ pub fn make_twin(frozen: Pid, twin: Pid, limits: &TwinLimits) -> Result<TwinRepo
     }
     let mut report = TwinReport::default();
     let mut touched = false;
-    let result = copy(&f, &t, limits, &deadline, &mut report, &mut touched);
+    let result = copy(&f, &t, (limits, own), &deadline, &mut report, &mut touched);
     match result {
         Ok(()) => {
             let pidfd = t.detach().map_err(|errno| trace("detach", twin, errno))?;
@@ -438,7 +452,7 @@ pub fn make_twin(frozen: Pid, twin: Pid, limits: &TwinLimits) -> Result<TwinRepo
 fn copy(
     f: &Tracee,
     t: &Tracee,
-    limits: &TwinLimits,
+    (limits, own): (&TwinLimits, &[i32]),
     deadline: &Deadline,
     report: &mut TwinReport,
     touched: &mut bool,
@@ -464,7 +478,7 @@ fn copy(
         });
     }
     let plan = plan_maps(&f_maps, &t_maps)?;
-    let fds = plan_fds(&fds_of(fp)?, &fd_numbers(tp)?);
+    let fds = plan_fds(&fds_of(fp)?, &fd_numbers(tp)?, own);
     report.not_carried.extend(fds.not_carried.iter().cloned());
     report.not_carried.extend(kernel_state_not_carried(fp, tp)?);
     heap_starts_match(fp, tp)?;
@@ -1170,7 +1184,7 @@ mod tests {
             seen(7, "/work/gone (deleted)", false, 0),
             seen(8, "anon_inode:[eventfd]", false, 0),
         ];
-        let plan = plan_fds(&f, &[0, 1, 2, 3, 4, 9]);
+        let plan = plan_fds(&f, &[0, 1, 2, 3, 4, 9], &[]);
         let carried: Vec<(i32, &str, u64)> = plan
             .carry
             .iter()
@@ -1187,6 +1201,28 @@ mod tests {
                 "fd 8: anon_inode:[eventfd]",
             ]
         );
+    }
+
+    #[test]
+    fn the_twins_own_numbers_stay_its_own_and_the_frozens_there_are_not_named() {
+        let seen = |fd, link: &str| FdSeen {
+            fd,
+            link: link.into(),
+            dir: false,
+            flags: 0o2000000,
+            pos: 0,
+        };
+        let f = [
+            seen(3, "pipe:[7]"),
+            seen(4, "pipe:[8]"),
+            seen(5, "/work/a"),
+            seen(6, "pipe:[9]"),
+        ];
+        let plan = plan_fds(&f, &[0, 1, 2, 3, 4, 6], &[3, 4]);
+        assert_eq!(plan.carry.len(), 1);
+        assert_eq!(plan.carry[0].fd, 5);
+        assert_eq!(plan.close, vec![6]);
+        assert_eq!(plan.not_carried, vec!["fd 6: pipe:[9]"]);
     }
 
     #[test]

@@ -5,7 +5,11 @@
 # time, in order; `interrupt` and `kill` are served at once, even while a call runs.
 # `run_code` runs in a kernel process forked from this one (its state lives apart; a dead
 # kernel is replaced, `state_lost`), `exec` as a child in a process group of its own,
-# `files_*` here, confined to /work. See docs/protocol.md and docs/architecture.md.
+# `files_*` here, confined to /work. `fork_freeze` has the kernel fork a frozen copy of
+# itself (it stops at once) for the node's twin copy; a branch's supervisor (started with
+# FORKBOX_SESSION_TWIN=1) forks a kernel that stops where the twin is expected, and
+# `fork_join` waits for that kernel to come back as the copy. See docs/protocol.md and
+# docs/architecture.md.
 
 # What every start needs; the rest (ast, base64, linecache, shutil, subprocess, traceback) is
 # imported where it is first used, so the supervisor's start (and a session's open) does not
@@ -13,6 +17,7 @@
 import builtins
 import codecs
 import collections
+import fcntl
 import io
 import json
 import os
@@ -36,6 +41,13 @@ DEFAULT_OUTPUT_BYTES = 1024 * 1024
 # What a files_read can return: its base64 must fit a frame.
 READ_MAX = (RESULT_ROOM // 4) * 3
 LIST_MAX = 10000
+# The kernel's own pipes to its supervisor, at the same numbers in every kernel: a twin copied
+# from a frozen kernel keeps its own pipes there, and the copied interpreter refers to them.
+KERNEL_CALLS_FD, KERNEL_REPLIES_FD = 3, 4
+# Set by the node for a branch's sandbox: its kernel waits, stopped, for the twin copy.
+TWIN_ENV = "FORKBOX_SESSION_TWIN"
+# How long the frozen fork and the twin's return may take.
+FORK_WAIT_S = 30.0
 
 
 class CallError(Exception):
@@ -267,8 +279,9 @@ def kb_fields(lines):
 # --- the kernel ---------------------------------------------------------------------------
 
 
-def kernel_main(ctrl_r, ctrl_w):
-    """The kernel's loop: a cell per request on ctrl_r, its reply on ctrl_w."""
+def kernel_main(ctrl_r, ctrl_w, twin=False):
+    """The kernel's loop: a cell per request on ctrl_r, its reply on ctrl_w. A twin's kernel
+    stops once set up, and runs on only as the copy of a frozen kernel (`fork_frozen`)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     os.environ.setdefault("MPLBACKEND", "Agg")
     global ast, base64, linecache, traceback
@@ -284,6 +297,10 @@ def kernel_main(ctrl_r, ctrl_w):
     main_mod.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = main_mod
     ns = main_mod.__dict__
+    if twin:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # Continued without the copy: this kernel has no state to serve.
+        os._exit(75)
     reader = FrameReader(ctrl_r)
     count = 0
     while True:
@@ -297,10 +314,73 @@ def kernel_main(ctrl_r, ctrl_w):
         except KeyboardInterrupt:
             # An interrupt between cells interrupts nothing.
             continue
+        reap_frozen()
         for req in frames:
-            count += 1
-            reply = run_cell(req.get("code", ""), count, ns)
+            if req.get("fork"):
+                reply = fork_frozen(count)
+            else:
+                count += 1
+                reply = run_cell(req.get("code", ""), count, ns)
             write_all(ctrl_w, encode_frame(reply))
+
+
+# Frozen forks this kernel made, reaped once the node has killed them.
+FROZEN = []
+
+
+def reap_frozen():
+    for pid in list(FROZEN):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            FROZEN.remove(pid)
+
+
+def fork_frozen(count):
+    """Forks a frozen copy F of this kernel, which stops at once. Here the parent answers with
+    F's pid and its own pause; a twin made from F runs on below the stop, in its own sandbox,
+    and answers its new supervisor instead (on the same descriptor numbers, its own pipes)."""
+    threads = []
+    if "threading" in sys.modules:
+        main = sys.modules["threading"].main_thread()
+        threads = [t.name for t in sys.modules["threading"].enumerate() if t is not main]
+    tasks = len(os.listdir("/proc/self/task"))
+    flush()
+    started = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # A twin, continued in the branch's sandbox by the node.
+        FROZEN.clear()
+        return {"execution_count": count, "twin": True, "reseeded": reseed()}
+    pause_us = int((time.perf_counter() - started) * 1e6)
+    FROZEN.append(pid)
+    return {"execution_count": count, "frozen": pid, "kernel": os.getpid(), "pause_us": pause_us, "threads": threads, "tasks": tasks}
+
+
+def reseed():
+    """What the frozen fork seeded would repeat in every branch: seed it again (os.urandom,
+    and so uuid4 and secrets, differ already)."""
+    done = []
+    rnd = sys.modules.get("random")
+    if rnd is not None:
+        rnd.seed()
+        done.append("random")
+    tmp = sys.modules.get("tempfile")
+    if tmp is not None:
+        tmp._name_sequence = None
+        done.append("tempfile")
+    mp = sys.modules.get("multiprocessing.process")
+    if mp is not None:
+        mp.current_process().authkey = os.urandom(32)
+        done.append("multiprocessing")
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed()
+        done.append("numpy.random")
+    return done
 
 
 def cpu_ms_now():
@@ -408,7 +488,7 @@ def exception_of(e):
 class Kernel:
     """A forked kernel, its control pipes and its output pipes."""
 
-    def __init__(self, supervisor_fds):
+    def __init__(self, supervisor_fds, twin=False):
         ctrl_in_r, ctrl_in_w = os.pipe()
         ctrl_out_r, ctrl_out_w = os.pipe()
         out_r, out_w = os.pipe()
@@ -424,11 +504,20 @@ class Kernel:
                 os.dup2(err_w, 2)
                 for fd in (devnull, out_w, err_w):
                     os.close(fd)
-                kernel_main(ctrl_in_r, ctrl_out_w)
+                # Above the fixed numbers first, so neither lands on the other's.
+                high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (ctrl_in_r, ctrl_out_w)]
+                os.close(ctrl_in_r)
+                os.close(ctrl_out_w)
+                for fd, fixed in zip(high, (KERNEL_CALLS_FD, KERNEL_REPLIES_FD)):
+                    os.dup2(fd, fixed, inheritable=False)
+                    os.close(fd)
+                kernel_main(KERNEL_CALLS_FD, KERNEL_REPLIES_FD, twin)
             finally:
                 os._exit(70)
         for fd in (ctrl_in_r, ctrl_out_w, out_w, err_w):
             os.close(fd)
+        # A twin's kernel is waited for until it has stopped, so the hello says it waits.
+        self.waiting = twin and os.WIFSTOPPED(os.waitpid(pid, os.WUNTRACED)[1])
         self.pid = pid
         self.to = ctrl_in_w
         self.replies = FrameReader(ctrl_out_r)
@@ -493,13 +582,16 @@ class Supervisor:
         os.close(devnull)
         os.dup2(2, 1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.twin = os.environ.pop(TWIN_ENV, None) == "1"
         self.calls = FrameReader(self.calls_fd)
         self.queue = collections.deque()
         self.running_cell = False
         self.kernel = self.new_kernel()
 
     def new_kernel(self):
-        return Kernel([self.calls_fd, self.events_fd])
+        # Only the first kernel of a branch waits for the copy; a replacement starts fresh.
+        twin, self.twin = self.twin, False
+        return Kernel([self.calls_fd, self.events_fd], twin)
 
     def emit(self, obj):
         frame = encode_frame(obj)
@@ -541,7 +633,10 @@ class Supervisor:
         os._exit(code)
 
     def serve(self):
-        self.emit({"kind": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "kernel": self.kernel.pid})
+        hello = {"kind": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "kernel": self.kernel.pid}
+        if self.kernel.waiting:
+            hello["twin_waiting"] = True
+        self.emit(hello)
         while True:
             while not self.queue:
                 select.select([self.calls_fd], [], [])
@@ -564,6 +659,8 @@ class Supervisor:
                 "files_list": files_list,
                 "files_remove": files_remove,
                 "info": self.info,
+                "fork_freeze": self.fork_freeze,
+                "fork_join": self.fork_join,
             }.get(op)
             if handler is None:
                 raise CallError("unknown op %r" % (op,))
@@ -583,6 +680,52 @@ class Supervisor:
 
     def info(self, call):
         return {"info": {"execution_count": self.kernel.count, "memory_kb": session_memory_kb(), "python": sys.version.split()[0], "kernel_pid": self.kernel.pid}}
+
+    # --- fork ---
+
+    def fork_freeze(self, call):
+        """Has the kernel fork a frozen copy of itself between cells; the kernel answers at
+        once and serves on."""
+        k = self.kernel
+        self.drain_stale(k)
+        write_all(k.to, encode_frame({"fork": True}))
+        reply = self.kernel_frame(k)
+        if reply is None or not isinstance(reply.get("frozen"), int):
+            raise CallError("fork: the interpreter did not fork a frozen copy of itself")
+        reply["supervisor"] = os.getpid()
+        return {"frozen": reply}
+
+    def fork_join(self, call):
+        """Waits for this branch's kernel to run on as the copy of the parent's."""
+        k = self.kernel
+        reply = self.kernel_frame(k)
+        if reply is None or reply.get("twin") is not True:
+            raise CallError("fork: the branch's interpreter did not come back as the copy")
+        k.count = reply["execution_count"]
+        return {"twin": reply}
+
+    def kernel_frame(self, k):
+        """The kernel's next frame, within FORK_WAIT_S; None if it closed its pipe or sent
+        something else."""
+        deadline = time.monotonic() + FORK_WAIT_S
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([self.calls_fd, k.replies.fd], [], [], left)
+            if self.calls_fd in ready:
+                self.read_calls()
+            if k.replies.fd in ready:
+                k.replies.feed()
+                try:
+                    frames = k.replies.frames()
+                except FrameError:
+                    return None
+                if frames:
+                    ok = isinstance(frames[0].get("execution_count"), int)
+                    return frames[0] if ok else None
+                if k.replies.closed:
+                    return None
 
     # --- run_code ---
 
