@@ -438,3 +438,83 @@ async fn a_node_restarted_under_its_name_ends_the_sessions_of_its_previous_life(
         ("ended", Some("lost"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_past_the_waiting_ones_is_busy_and_the_running_call_is_intact() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-10", &[]);
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    let s = open(&q, &create(120, 60)).await;
+    let first = Call {
+        timeout_ms: Some(60_000),
+        ..Call::run_code(
+            &s.id,
+            "import time\nprint('started', flush=True)\ntime.sleep(10)\nprint('finished')\n'done'",
+        )
+    };
+    let node = q.send_call(&first).await.unwrap();
+    // The first call runs (its output came) before the others are sent.
+    let mut started = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started && Instant::now() < deadline {
+        let _ = q
+            .wait_call(
+                &s.id,
+                &node,
+                &first.id,
+                Duration::from_millis(300),
+                &mut |e| {
+                    started |= matches!(e, Event::Stdout { .. });
+                },
+            )
+            .await;
+    }
+    assert!(started, "the first call never wrote its output");
+    let waiting: Vec<Call> = (0..forkbox_queue::session::CALL_QUEUE_LEN)
+        .map(|i| Call::run_code(&s.id, format!("{i}")))
+        .collect();
+    for c in &waiting {
+        q.send_call(c).await.unwrap();
+    }
+    // One call more than may wait: busy, through Redis.
+    let over = Call::run_code(&s.id, "'never runs'");
+    let (_, end) = call(&q, over).await;
+    match &end {
+        Event::Error { reason, error } => {
+            assert_eq!(*reason, ErrorReason::Busy, "{end:?}");
+            assert!(error.starts_with("session busy"), "{error}");
+        }
+        other => panic!("not busy: {other:?}"),
+    }
+    // The command line says so too, and exits 125.
+    let (code, out, err) = cli(&url, &["session", "run-code", &s.id, "'never'"], "");
+    assert_eq!((code, out.as_str()), (125, ""), "{err}");
+    assert!(err.contains("session busy"), "{err}");
+
+    // The running call ends as it would have alone; the waiting ones run after it, in order,
+    // and the refused ones never ran (the execution count skips them).
+    let end = q
+        .wait_call(
+            &s.id,
+            &node,
+            &first.id,
+            Duration::from_secs(60),
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
+    let r = result(&end);
+    assert_eq!(r["ok"], true, "{r:?}");
+    assert_eq!(r["text"], "'done'", "{r:?}");
+    assert_eq!(r["stdout"], "started\nfinished\n", "{r:?}");
+    assert_eq!(r["execution_count"], 1, "{r:?}");
+    let last = waiting.last().unwrap();
+    let end = q
+        .wait_call(&s.id, &node, &last.id, Duration::from_secs(60), &mut |_| {})
+        .await
+        .unwrap();
+    let r = result(&end);
+    assert_eq!(r["text"], "63", "{r:?}");
+    assert_eq!(r["execution_count"], 65, "{r:?}");
+}
