@@ -518,3 +518,49 @@ async fn a_call_past_the_waiting_ones_is_busy_and_the_running_call_is_intact() {
     assert_eq!(r["text"], "63", "{r:?}");
     assert_eq!(r["execution_count"], 65, "{r:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn info_reports_the_disk_a_session_uses_beside_its_size() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-11", &[]);
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    let mut job = create(120, 60);
+    job.limits.disk_mb = Some(24);
+    let s = open(&q, &job).await;
+    const MIB: u64 = 1 << 20;
+    let disk = |end: &Event| {
+        let info = &result(end)["info"];
+        assert_eq!(info["disk_mb"], 24, "{info}");
+        info["disk_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{info}"))
+    };
+    let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
+    let before = disk(&end);
+    assert!(before < MIB, "{before}");
+
+    // /work and /tmp are one disk: both count.
+    let fill = "head -c 5242880 /dev/zero > big.bin && head -c 1048576 /dev/zero > /tmp/t.bin";
+    let (_, end) = call(&q, Call::exec_shell(&s.id, fill)).await;
+    assert_eq!(result(&end)["exit_code"], 0, "{end:?}");
+    let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
+    let full = disk(&end);
+    assert!(
+        (before + 6 * MIB..before + 7 * MIB).contains(&full),
+        "{before} then {full}"
+    );
+    let (code, out, err) = cli(&url, &["session", "info", &s.id], "");
+    assert_eq!(code, 0, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(shown["disk_mb"], 24, "{shown}");
+    assert!(
+        shown["disk_bytes"].as_u64().unwrap() >= before + 6 * MIB,
+        "{shown}"
+    );
+
+    let (_, end) = call(&q, Call::exec_shell(&s.id, "rm big.bin /tmp/t.bin")).await;
+    assert_eq!(result(&end)["exit_code"], 0, "{end:?}");
+    let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
+    assert!(disk(&end) < before + MIB, "{end:?}");
+}

@@ -179,6 +179,16 @@ def test_connect_list_info_and_set_timeout(s: Session, q: Queue) -> None:
         Session.connect("no-such-session", q)
 
 
+def test_info_reports_the_disk_used_beside_its_size(q: Queue) -> None:
+    with Session(q, ttl_s=120, idle_s=60, disk_mb=24) as s:
+        before = s.info()
+        assert before.disk_mb == 24 and before.disk_bytes is not None, before.raw
+        assert s.exec("head -c 3145728 /dev/zero > big.bin").exit_code == 0
+        after = s.info()
+        assert after.disk_mb == 24
+        assert after.disk_bytes is not None and 3 << 20 <= after.disk_bytes - before.disk_bytes < 4 << 20, (before.raw, after.raw)
+
+
 def test_a_call_past_the_waiting_ones_raises_session_busy(q: Queue) -> None:
     with Session(q, ttl_s=120, idle_s=60) as s:
         started = threading.Event()
