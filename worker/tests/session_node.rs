@@ -564,3 +564,20 @@ async fn info_reports_the_disk_a_session_uses_beside_its_size() {
     let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
     assert!(disk(&end) < before + MIB, "{end:?}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_open_and_answer_on_every_partition_of_a_partitioned_queue() {
+    let server = start_redis();
+    let _w = worker(
+        &server,
+        "s-node-12",
+        &["--queues", "sess", "--partitions", "3"],
+    );
+    let url = server.url();
+    let broker = forkbox_queue::Broker::connect(&url).await.unwrap();
+    let q = broker
+        .partitioned("sess", 3, forkbox_queue::QueueConfig::default())
+        .unwrap();
+    q.check_layout().await.unwrap();
+    sessions_on_every_partition(&q, "s-node-12", &["--redis", &url]).await;
+}
