@@ -556,6 +556,49 @@ async fn a_session_holds_no_capability_and_reaches_nothing_of_the_host() {
     assert!(r["exception"]["name"] != Value::Null, "{r}");
 }
 
+/// The job battery's escape checks (`sandbox_support::escapes`), each run in a session as an
+/// `exec` and as a `run_code` cell, in a session of each `network`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_escape_checks_hold_in_a_session_through_exec_and_run_code() {
+    use forkbox_queue::schema::Network;
+    use sandbox_support::escapes::escapes;
+
+    let engine = engine();
+    for network in [Network::None, Network::Loopback] {
+        let mut s = open(
+            &engine,
+            SessionSpec {
+                network: Some(network),
+                ..spec()
+            },
+        )
+        .await;
+        for e in escapes(network) {
+            let r = call(&mut s, json!({"op": "exec", "argv": e.argv()}))
+                .await
+                .result;
+            assert_eq!(r["ok"], true, "{network:?} {} exec: {r}", e.name);
+            let out = r["stdout"].as_str().unwrap_or_default();
+            if let Err(why) = (e.check)(out) {
+                panic!("{network:?}: {} through exec: {why}", e.name);
+            }
+            let r = run(&mut s, &e.cell()).await;
+            assert_eq!(
+                r["exception"],
+                Value::Null,
+                "{network:?} {} run_code: {r}",
+                e.name
+            );
+            let out = r["stdout"].as_str().unwrap_or_default();
+            if let Err(why) = (e.check)(out) {
+                panic!("{network:?}: {} through run_code: {why}", e.name);
+            }
+        }
+        // The session lived through every check.
+        assert_eq!(run(&mut s, "6 * 7").await["text"], "42");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_session_ends_at_its_ttl_and_its_cpu_time_is_counted_across_calls() {
     let engine = engine();
@@ -739,6 +782,7 @@ fn a_rootless_nodes_sessions_hold_the_same_isolation() {
     for test in [
         "a_session_holds_no_capability_and_reaches_nothing_of_the_host",
         "two_sessions_see_neither_files_nor_processes_of_the_other",
+        "the_escape_checks_hold_in_a_session_through_exec_and_run_code",
     ] {
         let out = Command::new("runuser")
             .args(["-u", "nobody", "--", "env", &zygote])
