@@ -510,6 +510,42 @@ async fn a_disk_filled_over_calls_gives_enospc() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn processes_kept_over_calls_meet_the_session_pids_limit() {
+    let engine = engine();
+    let mut s = open(
+        &engine,
+        SessionSpec {
+            limits: Limits {
+                pids: Some(16),
+                ..Limits::default()
+            },
+            ..spec()
+        },
+    )
+    .await;
+    run(&mut s, "import subprocess\nkept = []").await;
+    let start4 =
+        "for _ in range(4):\n    kept.append(subprocess.Popen(['sleep', '600']))\nlen(kept)";
+    let mut refused = None;
+    for i in 0..8 {
+        let r = run(&mut s, start4).await;
+        if r["exception"] != Value::Null {
+            refused = Some((i, r));
+            break;
+        }
+        assert_eq!(r["text"], format!("{}", 4 * (i + 1)), "{r}");
+    }
+    let (i, r) = refused.expect("32 processes kept under a limit of 16");
+    assert!(i >= 2, "refused after {i} calls: {r}");
+    assert_eq!(r["exception"]["name"], "BlockingIOError", "{r}");
+    // The session answers on, and the room comes back as its processes end.
+    let r = run(&mut s, "for p in kept: p.kill(); p.wait()\nkept.clear()").await;
+    assert_eq!(r["exception"], Value::Null, "{r}");
+    let r = run(&mut s, start4).await;
+    assert_eq!(r["text"], "4", "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn two_sessions_see_neither_files_nor_processes_of_the_other() {
     let engine = engine();
     let mut a = open(&engine, spec()).await;
