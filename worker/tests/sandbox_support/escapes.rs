@@ -15,12 +15,14 @@ pub enum Program {
     Python(String),
 }
 
+/// Reads a check's standard output; `Err` says what got through.
+pub type Check = Box<dyn Fn(&str) -> Result<(), String>>;
+
 /// One escape check: a program, and what its standard output must show.
 pub struct Escape {
     pub name: &'static str,
     pub program: Program,
-    /// Reads the program's standard output; `Err` says what got through.
-    pub check: Box<dyn Fn(&str) -> Result<(), String>>,
+    pub check: Check,
 }
 
 impl Escape {
