@@ -482,6 +482,9 @@ async fn a_disk_filled_over_calls_gives_enospc() {
         },
     )
     .await;
+    assert_eq!(s.disk_mb(), 4);
+    let empty = s.usage().disk_bytes;
+    assert!(empty < 1 << 20, "{:?}", s.usage());
     let chunk = "x".repeat(900 << 10);
     let mut refused = None;
     for i in 0..8 {
@@ -498,6 +501,12 @@ async fn a_disk_filled_over_calls_gives_enospc() {
     }
     let (i, error) = refused.expect("4 MiB of disk took 7 MiB");
     assert!(i >= 3 && error.contains("No space left"), "{i}: {error}");
+    // What the disk holds is read from outside: the files written, within its size.
+    let full = s.usage().disk_bytes;
+    assert!(
+        (empty + (i as u64) * (900 << 10)..=4 << 20).contains(&full),
+        "{i} files, {full} bytes"
+    );
     let r = run(&mut s, "open('g', 'wb').write(b'y' * (3 << 20))").await;
     assert_eq!(r["exception"]["name"], "OSError", "{r}");
     assert!(
@@ -819,6 +828,7 @@ fn a_rootless_nodes_sessions_hold_the_same_isolation() {
         "a_session_holds_no_capability_and_reaches_nothing_of_the_host",
         "two_sessions_see_neither_files_nor_processes_of_the_other",
         "the_escape_checks_hold_in_a_session_through_exec_and_run_code",
+        "a_disk_filled_over_calls_gives_enospc",
     ] {
         let out = Command::new("runuser")
             .args(["-u", "nobody", "--", "env", &zygote])
