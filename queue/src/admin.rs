@@ -104,7 +104,11 @@ impl Queue {
                 .arg(k.batch(probe))
                 .arg(k.worker(consumer))
                 .arg(k.cancelled())
-                .arg(k.wake(probe)),
+                .arg(k.wake(probe))
+                .arg(k.calls(consumer))
+                .arg(k.call(probe))
+                .arg(k.session(probe))
+                .arg(k.sessions()),
         );
         let (missing,): (String,) = self
             .broker

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The VM tier: boots Debian's kernel under qemu (through virtme-ng) over this machine's own
 # filesystem, where cgroup v2 offers every controller to root, and runs inside it the limit
-# tests that need a real delegated cgroup, the runtime matrix and the cgroup unit checks. The
-# test binaries are built here first; the guest only runs them. One boot runs everything.
+# tests that need a real delegated cgroup (jobs' and sessions'), the runtime matrix and the
+# cgroup unit checks. The test binaries are built here first; the guest only runs them. One
+# boot runs everything.
 #
 # The outcome is written to target/vm-tier.status ("passed", "FAILED ...", or "SKIPPED:
 # reason" where qemu cannot run here) for `make test` to show at its end.
@@ -50,6 +51,7 @@ KERNEL=${FORKBOX_VM_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n
 echo "vm: building the test binaries"
 artifacts=$("$CARGO" test -p forkbox --no-run --lib --test cgroup_limits --test runtimes \
   --test sandbox --test sandbox_kernel_state --test killed_usage --test staged \
+  --test session_engine \
   --message-format=json 2>/dev/null) ||
   fail "cargo test --no-run failed"
 exe() {
@@ -70,7 +72,9 @@ SANDBOX=$(exe sandbox)
 KERNEL_STATE=$(exe sandbox_kernel_state)
 KILLED_USAGE=$(exe killed_usage)
 STAGED=$(exe staged)
-for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE" "$KILLED_USAGE" "$STAGED"; do
+SESSION=$(exe session_engine)
+for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE" "$KILLED_USAGE" "$STAGED" \
+  "$SESSION"; do
   [ -x "$b" ] || fail "test binary not found ($b)"
 done
 
@@ -90,6 +94,10 @@ mkdir -p "$OUT"
   printf '%s\t%s\t%s\n' killed-usage "$KILLED_USAGE" ""
   # A staged job's cgroup narrowed to the run stage's limits between the stages.
   printf '%s\t%s\t%s\n' staged-memory "$STAGED" "under_a_cgroup_each_stage"
+  # A session's limits held across its calls by its cgroup (memory.max, pids.max, cpu.stat)
+  # and its disk, where the host's own run takes the rlimit fallback.
+  printf '%s\t%s\t%s\n' session-limits "$SESSION" \
+    "memory_grown_over_calls pids_limit disk_filled_over_calls cpu_time_is_counted"
 } >"$OUT/plan"
 
 # --- one boot --------------------------------------------------------------------------------

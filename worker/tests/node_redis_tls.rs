@@ -262,6 +262,11 @@ async fn acl_user_and_password_in_the_url() {
 /// A server whose users are the ACL roles of docs/operations.md for queue `roles`, each with
 /// password `pw-ROLE`.
 fn roles_server() -> RedisServer {
+    roles_server_without(&[])
+}
+
+/// [`roles_server`], with the rules `dropped` (e.g. `+xread`) left out of every role.
+fn roles_server_without(dropped: &[&str]) -> RedisServer {
     let page = std::fs::read_to_string(repo_file("docs/operations.md")).unwrap();
     let acl: Vec<String> = page
         .lines()
@@ -274,7 +279,11 @@ fn roles_server() -> RedisServer {
                     &format!(">pw-{}", role.to_lowercase()),
                 );
             }
-            line
+            let kept: Vec<&str> = line
+                .split(' ')
+                .filter(|rule| !dropped.contains(rule))
+                .collect();
+            kept.join(" ")
         })
         .collect();
     assert_eq!(acl.len(), 4, "{acl:?}");
@@ -531,5 +540,38 @@ async fn a_redis_restart_that_kept_its_data_is_no_loss() {
     assert_eq!(
         metric(&page, "forkbox_redis_data_lost_total", &[("queue", "kept")]),
         Some(0.0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_node_whose_user_cannot_serve_sessions_stops_at_start_naming_the_command() {
+    // The worker role without XREAD: jobs would run, but no session call would ever be read.
+    let server = roles_server_without(&["+xread"]);
+    let url = format!(
+        "redis://forkbox-worker:pw-worker@127.0.0.1:{}/",
+        server.port()
+    );
+    let mut w = WorkerProc::start(&url, "roles-no-xread", &["--queues", "roles"]);
+    let status = w.wait_exit(std::time::Duration::from_secs(60));
+    assert!(!status.success());
+    let log = w.log();
+    assert!(
+        log.contains("ACL refuses this node's user XREAD on forkbox:{roles}:calls:roles-no-xread"),
+        "{log}"
+    );
+
+    // Without ZREM, a session could open but its end would never leave the live set.
+    let server = roles_server_without(&["+zrem"]);
+    let url = format!(
+        "redis://forkbox-worker:pw-worker@127.0.0.1:{}/",
+        server.port()
+    );
+    let mut w = WorkerProc::start(&url, "roles-no-zrem", &["--queues", "roles"]);
+    let status = w.wait_exit(std::time::Duration::from_secs(60));
+    assert!(!status.success());
+    let log = w.log();
+    assert!(
+        log.contains("ACL refuses this node's user ZREM on forkbox:{roles}:sessions"),
+        "{log}"
     );
 }

@@ -205,3 +205,29 @@ async fn three_thousand_jobs_over_three_partitions_and_two_workers() {
     w1.kill();
     w2.kill();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_open_and_answer_on_every_partition_over_the_shards() {
+    let cluster = RedisCluster::start_default().expect("start a 3+3 cluster");
+    let seeds = cluster.seeds();
+    let args = [
+        "--cluster",
+        "--slots",
+        "2",
+        "--queues",
+        "sess",
+        "--partitions",
+        "3",
+    ];
+    let mut w = WorkerProc::start(&seeds, "w-sess", &args);
+    w.wait_ready();
+    let broker = Broker::connect_to(&Endpoint::parse(&seeds, true).unwrap())
+        .await
+        .unwrap();
+    let q = broker
+        .partitioned("sess", 3, QueueConfig::default())
+        .unwrap();
+    q.check_layout().await.unwrap();
+    // The command line through one seed only: it follows the redirections to each shard.
+    sessions_on_every_partition(&q, "w-sess", &["--cluster", "--redis", &cluster.urls()[4]]).await;
+}

@@ -438,3 +438,146 @@ async fn a_node_restarted_under_its_name_ends_the_sessions_of_its_previous_life(
         ("ended", Some("lost"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_call_past_the_waiting_ones_is_busy_and_the_running_call_is_intact() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-10", &[]);
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    let s = open(&q, &create(120, 60)).await;
+    let first = Call {
+        timeout_ms: Some(60_000),
+        ..Call::run_code(
+            &s.id,
+            "import time\nprint('started', flush=True)\ntime.sleep(10)\nprint('finished')\n'done'",
+        )
+    };
+    let node = q.send_call(&first).await.unwrap();
+    // The first call runs (its output came) before the others are sent.
+    let mut started = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !started && Instant::now() < deadline {
+        let _ = q
+            .wait_call(
+                &s.id,
+                &node,
+                &first.id,
+                Duration::from_millis(300),
+                &mut |e| {
+                    started |= matches!(e, Event::Stdout { .. });
+                },
+            )
+            .await;
+    }
+    assert!(started, "the first call never wrote its output");
+    let waiting: Vec<Call> = (0..forkbox_queue::session::CALL_QUEUE_LEN)
+        .map(|i| Call::run_code(&s.id, format!("{i}")))
+        .collect();
+    for c in &waiting {
+        q.send_call(c).await.unwrap();
+    }
+    // One call more than may wait: busy, through Redis.
+    let over = Call::run_code(&s.id, "'never runs'");
+    let (_, end) = call(&q, over).await;
+    match &end {
+        Event::Error { reason, error } => {
+            assert_eq!(*reason, ErrorReason::Busy, "{end:?}");
+            assert!(error.starts_with("session busy"), "{error}");
+        }
+        other => panic!("not busy: {other:?}"),
+    }
+    // The command line says so too, and exits 125.
+    let (code, out, err) = cli(&url, &["session", "run-code", &s.id, "'never'"], "");
+    assert_eq!((code, out.as_str()), (125, ""), "{err}");
+    assert!(err.contains("session busy"), "{err}");
+
+    // The running call ends as it would have alone; the waiting ones run after it, in order,
+    // and the refused ones never ran (the execution count skips them).
+    let end = q
+        .wait_call(
+            &s.id,
+            &node,
+            &first.id,
+            Duration::from_secs(60),
+            &mut |_| {},
+        )
+        .await
+        .unwrap();
+    let r = result(&end);
+    assert_eq!(r["ok"], true, "{r:?}");
+    assert_eq!(r["text"], "'done'", "{r:?}");
+    assert_eq!(r["stdout"], "started\nfinished\n", "{r:?}");
+    assert_eq!(r["execution_count"], 1, "{r:?}");
+    let last = waiting.last().unwrap();
+    let end = q
+        .wait_call(&s.id, &node, &last.id, Duration::from_secs(60), &mut |_| {})
+        .await
+        .unwrap();
+    let r = result(&end);
+    assert_eq!(r["text"], "63", "{r:?}");
+    assert_eq!(r["execution_count"], 65, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn info_reports_the_disk_a_session_uses_beside_its_size() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-11", &[]);
+    let url = server.url();
+    let q = queue(&url, "default").await;
+    let mut job = create(120, 60);
+    job.limits.disk_mb = Some(24);
+    let s = open(&q, &job).await;
+    const MIB: u64 = 1 << 20;
+    let disk = |end: &Event| {
+        let info = &result(end)["info"];
+        assert_eq!(info["disk_mb"], 24, "{info}");
+        info["disk_bytes"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{info}"))
+    };
+    let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
+    let before = disk(&end);
+    assert!(before < MIB, "{before}");
+
+    // /work and /tmp are one disk: both count.
+    let fill = "head -c 5242880 /dev/zero > big.bin && head -c 1048576 /dev/zero > /tmp/t.bin";
+    let (_, end) = call(&q, Call::exec_shell(&s.id, fill)).await;
+    assert_eq!(result(&end)["exit_code"], 0, "{end:?}");
+    let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
+    let full = disk(&end);
+    assert!(
+        (before + 6 * MIB..before + 7 * MIB).contains(&full),
+        "{before} then {full}"
+    );
+    let (code, out, err) = cli(&url, &["session", "info", &s.id], "");
+    assert_eq!(code, 0, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!(shown["disk_mb"], 24, "{shown}");
+    assert!(
+        shown["disk_bytes"].as_u64().unwrap() >= before + 6 * MIB,
+        "{shown}"
+    );
+
+    let (_, end) = call(&q, Call::exec_shell(&s.id, "rm big.bin /tmp/t.bin")).await;
+    assert_eq!(result(&end)["exit_code"], 0, "{end:?}");
+    let (_, end) = call(&q, Call::new(&s.id, CallOp::Info)).await;
+    assert!(disk(&end) < before + MIB, "{end:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sessions_open_and_answer_on_every_partition_of_a_partitioned_queue() {
+    let server = start_redis();
+    let _w = worker(
+        &server,
+        "s-node-12",
+        &["--queues", "sess", "--partitions", "3"],
+    );
+    let url = server.url();
+    let broker = forkbox_queue::Broker::connect(&url).await.unwrap();
+    let q = broker
+        .partitioned("sess", 3, forkbox_queue::QueueConfig::default())
+        .unwrap();
+    q.check_layout().await.unwrap();
+    sessions_on_every_partition(&q, "s-node-12", &["--redis", &url]).await;
+}

@@ -189,3 +189,21 @@ def test_another_partition_count_is_refused_naming_both(partitioned_worker: str)
         q.submit(cmd="true")
     assert "3 partition(s)" in str(e.value) and "partitions=2" in str(e.value)
     assert (e.value.configured, e.value.live) == (2, "3")
+
+
+def test_sessions_open_and_answer_on_every_partition_through_the_cluster(partitioned_worker: str) -> None:
+    from forkbox import Session
+
+    q = Queue(partitioned_worker, queue="py-p", cluster=True, partitions=3)
+    for p in range(3):
+        sid = next(f"py-s-{p}-{k}" for k in range(1000) if q.partition_of(f"py-s-{p}-{k}") == p)
+        with Session(q, id=sid, ttl_s=120, idle_s=60) as s:
+            assert s.run_code("v = 20").exception is None
+            assert s.run_code("v + 1").text == "21"
+            assert s.exec("echo partition").stdout == "partition\n"
+            assert s.info().state == "live"
+            assert sid in [i.id for i in Session.list(q)]
+            # Another client attaches to it by its id alone, on its partition's shard.
+            assert Session.connect(sid, q).run_code("v * 2").text == "40"
+        tag = q.tags[p]
+        assert q.redis.hget(f"forkbox:{{{tag}}}:session:{sid}", "state") in (b"ended", "ended")

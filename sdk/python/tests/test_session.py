@@ -4,6 +4,7 @@ timeouts, interrupts, ends, the async twin, a node that dies, and the framework 
 from __future__ import annotations
 
 import asyncio
+import json
 import importlib.util
 import os
 import signal
@@ -23,11 +24,13 @@ from forkbox import (
     Session,
     SessionCallError,
     SessionCapacity,
+    SessionBusy,
     SessionEnded,
     SessionLost,
     SessionNotFound,
 )
 from forkbox.aio import AsyncSession
+from forkbox.session import call_args, call_keys
 
 pytestmark = pytest.mark.real
 
@@ -174,6 +177,42 @@ def test_connect_list_info_and_set_timeout(s: Session, q: Queue) -> None:
     assert after.idle_s == 20 and after.expires_ms is not None and before is not None and after.expires_ms < before
     with pytest.raises(SessionNotFound):
         Session.connect("no-such-session", q)
+
+
+def test_info_reports_the_disk_used_beside_its_size(q: Queue) -> None:
+    with Session(q, ttl_s=120, idle_s=60, disk_mb=24) as s:
+        before = s.info()
+        assert before.disk_mb == 24 and before.disk_bytes is not None, before.raw
+        assert s.exec("head -c 3145728 /dev/zero > big.bin").exit_code == 0
+        after = s.info()
+        assert after.disk_mb == 24
+        assert after.disk_bytes is not None and 3 << 20 <= after.disk_bytes - before.disk_bytes < 4 << 20, (before.raw, after.raw)
+
+
+def test_a_call_past_the_waiting_ones_raises_session_busy(q: Queue) -> None:
+    with Session(q, ttl_s=120, idle_s=60) as s:
+        started = threading.Event()
+        first: List[Execution] = []
+        code = "import time\nprint('started', flush=True)\ntime.sleep(10)\n'done'"
+
+        def run_first() -> None:
+            first.append(s.run_code(code, timeout=60, on_stdout=lambda _: started.set()))
+
+        runner = threading.Thread(target=run_first)
+        runner.start()
+        assert started.wait(30), "the first call never wrote its output"
+        # 64 calls wait behind it, sent without waiting for their events.
+        for i in range(64):
+            cid = f"{s.id}-wait-{i}"
+            call = json.dumps({"id": cid, "session": s.id, "op": "run_code", "code": str(i)})
+            s._script(keys=call_keys(s._tag, s.id, s.node, cid), args=call_args(call, s.node, s.id))
+        with pytest.raises(SessionBusy) as busy:
+            s.run_code("'never runs'")
+        assert busy.value.reason == "busy" and s.id in str(busy.value), busy.value
+        runner.join(60)
+        assert len(first) == 1 and (first[0].text, first[0].stdout, first[0].execution_count) == ("'done'", "started\n", 1), first
+        # The waiting calls ran; the refused one did not.
+        assert s.run_code("'after'").execution_count == 66
 
 
 def test_the_async_twin(worker: str) -> None:

@@ -351,6 +351,8 @@ impl SessionTask {
             "memory_mb": self.setup.memory_mb,
             "memory_kb": usage.memory_kb,
             "cpu_ms": usage.cpu_ms,
+            "disk_bytes": usage.disk_bytes,
+            "disk_mb": self.session.disk_mb(),
             "calls_served": self.served,
             "calls_waiting": self.waiting.len() + usize::from(self.running.is_some()),
             "execution_count": self.execution_count,

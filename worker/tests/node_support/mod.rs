@@ -353,3 +353,89 @@ pub fn have(program: &str) -> bool {
 pub fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
 }
+
+/// Opens a session on each partition of `q` (served by node `node`) and uses it: state kept
+/// across `run_code` calls, an `exec`, `info`, the command line (`forkbox session run-code`
+/// with `cli_redis`, the options that reach the queue), and a kill. Each session's record and
+/// events are on its own partition (its id's), so each step goes to that partition's keys.
+pub async fn sessions_on_every_partition(
+    q: &forkbox_queue::Partitioned,
+    node: &str,
+    cli_redis: &[&str],
+) {
+    use forkbox_queue::session::{Call, CallOp, Event, SessionSpec};
+    use forkbox_queue::{Job, Runtime};
+
+    let result = |end: Event| match end {
+        Event::Result(r) => r,
+        other => panic!("not a result: {other:?}"),
+    };
+    for (p, part) in q.partitions().iter().enumerate() {
+        let sid = (0..)
+            .map(|k| format!("part-session-{p}-{k}"))
+            .find(|id| q.for_id(id).keys().jobs() == part.keys().jobs())
+            .unwrap();
+        let job = Job {
+            id: Some(sid.clone()),
+            session: Some(SessionSpec {
+                ttl_s: Some(120),
+                idle_s: Some(60),
+            }),
+            runtime: Some(Runtime::Python),
+            ..Job::default()
+        };
+        q.enqueue_idempotent(&job).await.unwrap();
+        let opened = part
+            .wait_opened(&sid, Duration::from_secs(120))
+            .await
+            .unwrap_or_else(|e| panic!("session {sid} on partition {p}: {e}"));
+        assert_eq!(opened.node, node);
+        let call = |c: Call| async move {
+            let end = part
+                .call_session(&c, Duration::from_secs(30), &mut |_| {})
+                .await
+                .unwrap_or_else(|e| panic!("{:?} on partition {p}: {e}", c.op));
+            result(end)
+        };
+        assert_eq!(call(Call::run_code(&sid, "v = 20")).await["ok"], true);
+        assert_eq!(call(Call::run_code(&sid, "v + 1")).await["text"], "21");
+        let r = call(Call::exec_shell(&sid, "echo partition; exit 4")).await;
+        assert_eq!(
+            (&r["stdout"], &r["exit_code"]),
+            (&"partition\n".into(), &4.into())
+        );
+        let info = call(Call::new(&sid, CallOp::Info)).await;
+        assert_eq!(info["info"]["id"], sid.as_str(), "{info:?}");
+
+        let partitions = q.partitions().len().to_string();
+        let mut args = vec![
+            "session",
+            "run-code",
+            "-q",
+            q.name(),
+            "--partitions",
+            &partitions,
+        ];
+        args.extend_from_slice(cli_redis);
+        args.extend([sid.as_str(), "v * 2"]);
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "40\n",
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        call(Call::new(&sid, CallOp::Kill)).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let info = part.session_info(&sid).await.unwrap().unwrap();
+            if info.state == "ended" {
+                assert_eq!(info.reason.as_deref(), Some("killed"), "{info:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "{info:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -243,8 +243,9 @@ class FileEntry:
 @dataclass(frozen=True)
 class SessionInfo:
     """A session's record: its node, state (``starting``, ``live``, ``ended``), why it ended,
-    its deadlines (Unix ms), and from :meth:`Session.info` the node's live figures (memory,
-    CPU, disk, calls served, ``execution_count``) in ``raw``."""
+    its deadlines (Unix ms), and from :meth:`Session.info` the node's live figures: the bytes
+    its disk (``/work``, ``/tmp``) holds, ``disk_bytes``, beside the disk's size in MiB,
+    ``disk_mb``; memory, CPU, calls served and ``execution_count`` in ``raw``."""
 
     id: str
     node: str
@@ -256,6 +257,8 @@ class SessionInfo:
     last_call_ms: Optional[int]
     runtime: Any
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    disk_bytes: Optional[int] = None
+    disk_mb: Optional[int] = None
 
     @classmethod
     def from_fields(cls, sid: str, d: Mapping[str, Any]) -> SessionInfo:
@@ -290,6 +293,8 @@ class SessionInfo:
             last_call_ms=num("last_call_ms"),
             runtime=runtime,
             raw={_text(k): v if not isinstance(v, bytes) else _text(v) for k, v in d.items()},
+            disk_bytes=num("disk_bytes"),
+            disk_mb=num("disk_mb"),
         )
 
 

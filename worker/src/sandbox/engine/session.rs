@@ -186,6 +186,9 @@ pub struct SessionUsage {
     pub memory_kb: u64,
     /// CPU time of its processes so far, reaped children included, in ms.
     pub cpu_ms: u64,
+    /// Bytes its disk holds now (`/work`, `/tmp` and `/dev/shm` together), of
+    /// [`SandboxSession::disk_mb`].
+    pub disk_bytes: u64,
 }
 
 /// A live session: one owner (the node's session task) sends calls and receives events.
@@ -197,6 +200,8 @@ pub struct SandboxSession {
     pids: Arc<Mutex<Pids>>,
     hello: serde_json::Value,
     runtime: Option<RuntimeUse>,
+    /// The size of its disk, in MiB: the `disk_mb` it was opened with.
+    disk_mb: u64,
 }
 
 /// The host pids of a session's init and supervisor, known at the hand-over or once the
@@ -360,6 +365,7 @@ impl Engine {
             pids: Arc::new(Mutex::new(pids)),
             hello: serde_json::Value::Null,
             runtime,
+            disk_mb: limits.disk_mb,
         })
     }
 }
@@ -611,22 +617,30 @@ impl SandboxSession {
         }
     }
 
-    /// Memory held now and CPU time so far, read from the sandbox's own `/proc` (zero when
-    /// the session has ended or its sandbox is not known yet).
+    /// Memory held now and CPU time so far, read from the sandbox's own `/proc`, and the
+    /// bytes its disk holds (zero when the session has ended or its sandbox is not known yet).
     pub fn usage(&self) -> SessionUsage {
-        let Some(proc) = self
+        let Some(init) = self
             .host_pids()
             .and_then(|p| p.first().copied())
             .filter(|_| !self.is_ended())
-            .and_then(usage::sandbox_proc)
         else {
+            return SessionUsage::default();
+        };
+        let Some(proc) = usage::sandbox_proc(init) else {
             return SessionUsage::default();
         };
         let used = usage::used(&proc);
         SessionUsage {
             memory_kb: memory::MemoryBudget::new(0, &proc).used_kb(),
             cpu_ms: used.cpu_us / 1000,
+            disk_bytes: usage::sandbox_disk_bytes(init).unwrap_or(0),
         }
+    }
+
+    /// The size of the session's disk, in MiB.
+    pub fn disk_mb(&self) -> u64 {
+        self.disk_mb
     }
 }
 

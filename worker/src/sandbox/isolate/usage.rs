@@ -22,6 +22,17 @@ pub(crate) fn sandbox_proc(init: i32) -> Option<PathBuf> {
     (fs.filesystem_type() == nix::sys::statfs::PROC_SUPER_MAGIC).then_some(proc)
 }
 
+/// The bytes the disk of the sandbox whose init has host pid `init` holds now: its `/tmp`,
+/// which is a directory of the one tmpfs behind `/work` and `/dev/shm` too (`rootfs.rs`).
+/// `None` when that is not a tmpfs (the sandbox is gone).
+pub(crate) fn sandbox_disk_bytes(init: i32) -> Option<u64> {
+    let fs = nix::sys::statfs::statfs(&PathBuf::from(format!("/proc/{init}/root/tmp"))).ok()?;
+    (fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC).then(|| {
+        let used = fs.blocks().saturating_sub(fs.blocks_free());
+        used.saturating_mul(fs.block_size() as u64)
+    })
+}
+
 /// The CPU time and the largest peak resident size of the processes listed in `proc`.
 pub(crate) fn used(proc: &Path) -> Usage {
     let mut ticks = 0u64;
