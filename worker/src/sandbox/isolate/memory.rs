@@ -21,11 +21,20 @@
 //! The seccomp policy refuses the direct ways to the first two kinds (`MAP_GROWSDOWN`, and
 //! `MAP_SHARED` with `MAP_ANONYMOUS`), so what is left for this budget to catch is the
 //! indirect ones.
+//!
+//! The sandbox's sockets and pipes count too (`sockets`, `pipes`): what their buffers hold is
+//! in no process's memory, and a job can park gigabytes there. They are asked only while the
+//! processes alone are within the budget, so a job past it by its processes is killed no later
+//! than before; past it with them, everything is read again and the lower sum counts, so that
+//! a socket freed between two steps of one reading (which then counts at its worst case)
+//! kills nothing.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::pipes::PipeCount;
 use super::procfs::{self, field_kb};
+use super::sockets::SocketCount;
 
 /// The shortest time between two checks.
 pub const MIN_CHECK: Duration = Duration::from_millis(10);
@@ -40,6 +49,9 @@ pub struct MemoryBudget {
     limit_kb: u64,
     proc: PathBuf,
     peak_kb: u64,
+    /// The sockets of the sandbox's network namespace and the pipes its processes hold, when
+    /// they are counted.
+    buffers: Option<(SocketCount, PipeCount)>,
 }
 
 impl MemoryBudget {
@@ -49,6 +61,16 @@ impl MemoryBudget {
             limit_kb: limit_mb.saturating_mul(1024),
             proc: proc.to_owned(),
             peak_kb: 0,
+            buffers: None,
+        }
+    }
+
+    /// The same budget counting also the sockets of the caller's network namespace (the
+    /// sandbox's, for its init), which `proc` must show, and the pipes of its processes.
+    pub fn with_buffers(limit_mb: u64, proc: &Path) -> MemoryBudget {
+        MemoryBudget {
+            buffers: Some((SocketCount::new(proc), PipeCount::new(proc))),
+            ..MemoryBudget::new(limit_mb, proc)
         }
     }
 
@@ -58,8 +80,26 @@ impl MemoryBudget {
     }
 
     /// The memory, in KiB, that the processes of the sandbox hold now, the calling process's
-    /// own excepted.
+    /// own excepted, and its sockets and pipes where they are counted. Past the budget by the
+    /// processes alone, the buffers are not asked (the kill comes sooner); past it with them,
+    /// everything is read again and the lower sum counts.
     pub fn used_kb(&mut self) -> u64 {
+        let processes = self.processes_kb();
+        let kb = if processes >= self.limit_kb || self.buffers.is_none() {
+            processes
+        } else {
+            let first = processes.saturating_add(self.buffers_kb());
+            if first >= self.limit_kb {
+                first.min(self.processes_kb().saturating_add(self.buffers_kb()))
+            } else {
+                first
+            }
+        };
+        self.peak_kb = self.peak_kb.max(kb);
+        kb
+    }
+
+    fn processes_kb(&self) -> u64 {
         let me = std::process::id();
         let mut kb = 0u64;
         for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
@@ -70,8 +110,14 @@ impl MemoryBudget {
             let rollup = process.read("smaps_rollup");
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
-        self.peak_kb = self.peak_kb.max(kb);
         kb
+    }
+
+    fn buffers_kb(&mut self) -> u64 {
+        let bytes = self.buffers.as_mut().map_or(0, |(sockets, pipes)| {
+            sockets.used_bytes().saturating_add(pipes.used_bytes())
+        });
+        bytes.div_ceil(1024)
     }
 
     /// How long until the budget could be used up, `None` once it is.

@@ -198,7 +198,7 @@ fn supervise(
     let memory = received
         .as_ref()
         .and_then(|r| r.message.memory_budget_mb)
-        .map(|mb| MemoryBudget::new(mb, Path::new("/proc")));
+        .map(|mb| MemoryBudget::with_buffers(mb, Path::new("/proc")));
     let reaped = reap(launcher, budget, memory);
     let (exit_code, signal) = (reaped.exit_code, reaped.signal);
     // A staged job's program was the launcher's child: its own peak, apart from the compiler's.
