@@ -27,7 +27,9 @@
 //! processes alone are within the budget, so a job past it by its processes is killed no later
 //! than before; past it with them, everything is read again and the lower sum counts, so that
 //! a socket freed between two steps of one reading (which then counts at its worst case)
-//! kills nothing.
+//! kills nothing. What cannot be seen (a socket no dump lists, a pipe that cannot be asked)
+//! counts at its worst case against the budget, so that it fails closed, but not in the peak:
+//! the peak is what the job was seen to hold, never a bound of what it might have.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -66,37 +68,58 @@ impl MemoryBudget {
     }
 
     /// The same budget counting also the sockets of the caller's network namespace (the
-    /// sandbox's, for its init), which `proc` must show, and the pipes of its processes.
-    pub fn with_buffers(limit_mb: u64, proc: &Path) -> MemoryBudget {
+    /// sandbox's, for its init), which `proc` must show, and the pipes of its processes;
+    /// `host_socket_max` is the host's largest socket buffer (`sockets::buffer_max`), for a
+    /// kernel that shows it in no other namespace.
+    pub fn with_buffers(limit_mb: u64, proc: &Path, host_socket_max: Option<u64>) -> MemoryBudget {
         MemoryBudget {
-            buffers: Some((SocketCount::new(proc), PipeCount::new(proc))),
+            buffers: Some((
+                SocketCount::new(proc, host_socket_max),
+                PipeCount::new(proc),
+            )),
             ..MemoryBudget::new(limit_mb, proc)
         }
     }
 
-    /// The highest sum seen so far, in KiB.
+    /// The most the sandbox was seen to hold at one check so far, in KiB: the worst case of
+    /// buffers that could not be seen counts against the budget, not here.
     pub fn peak_kb(&self) -> u64 {
         self.peak_kb
     }
 
     /// The memory, in KiB, that the processes of the sandbox hold now, the calling process's
-    /// own excepted, and its sockets and pipes where they are counted. Past the budget by the
-    /// processes alone, the buffers are not asked (the kill comes sooner); past it with them,
-    /// everything is read again and the lower sum counts.
+    /// own excepted, and its sockets and pipes where they are counted, with the worst case of
+    /// those that could not be seen. Past the budget by the processes alone, the buffers are
+    /// not asked (the kill comes sooner); past it with them, everything is read again and the
+    /// lower sum counts.
     pub fn used_kb(&mut self) -> u64 {
         let processes = self.processes_kb();
-        let kb = if processes >= self.limit_kb || self.buffers.is_none() {
-            processes
+        let (kb, seen_kb) = if processes >= self.limit_kb || self.buffers.is_none() {
+            (processes, processes)
         } else {
-            let first = processes.saturating_add(self.buffers_kb());
-            if first >= self.limit_kb {
-                first.min(self.processes_kb().saturating_add(self.buffers_kb()))
+            let first = self.with_buffers_kb(processes);
+            if first.0 >= self.limit_kb {
+                let processes = self.processes_kb();
+                first.min(self.with_buffers_kb(processes))
             } else {
                 first
             }
         };
-        self.peak_kb = self.peak_kb.max(kb);
+        self.peak_kb = self.peak_kb.max(seen_kb);
         kb
+    }
+
+    /// `processes_kb` and the buffers: with the worst case of those not seen, and without.
+    fn with_buffers_kb(&mut self, processes_kb: u64) -> (u64, u64) {
+        let Some((sockets, pipes)) = self.buffers.as_mut() else {
+            return (processes_kb, processes_kb);
+        };
+        let (sockets, pipes) = (sockets.used_bytes(), pipes.used_bytes());
+        let seen = sockets.seen.saturating_add(pipes.seen);
+        let unseen = sockets.unseen.saturating_add(pipes.unseen);
+        let seen_kb = processes_kb.saturating_add(seen.div_ceil(1024));
+        let kb = processes_kb.saturating_add(seen.saturating_add(unseen).div_ceil(1024));
+        (kb, seen_kb)
     }
 
     fn processes_kb(&self) -> u64 {
@@ -111,13 +134,6 @@ impl MemoryBudget {
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
         kb
-    }
-
-    fn buffers_kb(&mut self) -> u64 {
-        let bytes = self.buffers.as_mut().map_or(0, |(sockets, pipes)| {
-            sockets.used_bytes().saturating_add(pipes.used_bytes())
-        });
-        bytes.div_ceil(1024)
     }
 
     /// How long until the budget could be used up, `None` once it is.

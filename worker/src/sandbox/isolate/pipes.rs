@@ -30,6 +30,7 @@ use nix::sys::stat::stat;
 use nix::unistd::Pid;
 
 use super::procfs;
+use super::sockets::Counted;
 use crate::sandbox::kernel::sys;
 
 /// What an empty pipe keeps: one page, for its next write.
@@ -49,18 +50,22 @@ pub struct PipeCount {
     /// The most one pipe can hold, in bytes.
     largest: u64,
     /// Until when the last walk's figure stands, and that figure.
-    last: Option<(Instant, u64)>,
+    last: Option<(Instant, Counted)>,
 }
 
-/// What one pipe holds, from its capacity and its queued bytes, or the worst case when it
-/// could not be asked.
-fn pipe_bytes(asked: Result<(u64, u64), Errno>, largest: u64) -> u64 {
+/// What one pipe holds, from its capacity and its queued bytes, or the worst case (apart)
+/// when it could not be asked.
+fn pipe_bytes(asked: Result<(u64, u64), Errno>, largest: u64) -> Counted {
+    let seen = |seen| Counted { seen, unseen: 0 };
     match asked {
-        Ok((_, 0)) => PAGE,
-        Ok((capacity, _)) => capacity,
+        Ok((_, 0)) => seen(PAGE),
+        Ok((capacity, _)) => seen(capacity),
         // Closed, or its process gone, since the listing: it holds nothing of this process.
-        Err(Errno::EBADF | Errno::ESRCH) => 0,
-        Err(_) => largest,
+        Err(Errno::EBADF | Errno::ESRCH) => seen(0),
+        Err(_) => Counted {
+            seen: 0,
+            unseen: largest,
+        },
     }
 }
 
@@ -80,8 +85,9 @@ impl PipeCount {
     }
 
     /// What the pipes of every process but the caller hold, in bytes; the figure of the last
-    /// walk while it stands (see [`RESCAN`]).
-    pub fn used_bytes(&mut self) -> u64 {
+    /// walk while it stands (see [`RESCAN`]). What a pipe that could not be asked may hold
+    /// is apart (`unseen`).
+    pub fn used_bytes(&mut self) -> Counted {
         let now = Instant::now();
         match self.last {
             Some((until, bytes)) if now < until => bytes,
@@ -93,10 +99,10 @@ impl PipeCount {
         }
     }
 
-    fn walk(&self) -> u64 {
+    fn walk(&self) -> Counted {
         let me = std::process::id();
         let mut seen = HashSet::new();
-        let mut bytes = 0u64;
+        let mut bytes = Counted::default();
         for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
             let fds = self.proc.join(process.pid.to_string()).join("fd");
             let mut pidfd: Option<Result<OwnedFd, Errno>> = None;
@@ -119,7 +125,9 @@ impl PipeCount {
                 }
                 let pidfd =
                     pidfd.get_or_insert_with(|| sys::pidfd_open(Pid::from_raw(process.pid as i32)));
-                bytes = bytes.saturating_add(pipe_bytes(ask(pidfd, fd), self.largest));
+                let pipe = pipe_bytes(ask(pidfd, fd), self.largest);
+                bytes.seen = bytes.seen.saturating_add(pipe.seen);
+                bytes.unseen = bytes.unseen.saturating_add(pipe.unseen);
             }
         }
         bytes
@@ -169,13 +177,20 @@ mod tests {
 
     #[test]
     fn a_pipe_counts_its_capacity_once_it_holds_bytes() {
-        assert_eq!(pipe_bytes(Ok((1 << 20, 1)), 1 << 20), 1 << 20);
-        assert_eq!(pipe_bytes(Ok((65536, 65536)), 1 << 20), 65536);
-        assert_eq!(pipe_bytes(Ok((65536, 0)), 1 << 20), PAGE);
-        // Gone since the listing: nothing; not to be asked: the worst case.
-        assert_eq!(pipe_bytes(Err(Errno::EBADF), 1 << 20), 0);
-        assert_eq!(pipe_bytes(Err(Errno::ESRCH), 1 << 20), 0);
-        assert_eq!(pipe_bytes(Err(Errno::EPERM), 1 << 20), 1 << 20);
+        let seen = |seen| Counted { seen, unseen: 0 };
+        assert_eq!(pipe_bytes(Ok((1 << 20, 1)), 1 << 20), seen(1 << 20));
+        assert_eq!(pipe_bytes(Ok((65536, 65536)), 1 << 20), seen(65536));
+        assert_eq!(pipe_bytes(Ok((65536, 0)), 1 << 20), seen(PAGE));
+        // Gone since the listing: nothing; not to be asked: the worst case, apart.
+        assert_eq!(pipe_bytes(Err(Errno::EBADF), 1 << 20), seen(0));
+        assert_eq!(pipe_bytes(Err(Errno::ESRCH), 1 << 20), seen(0));
+        assert_eq!(
+            pipe_bytes(Err(Errno::EPERM), 1 << 20),
+            Counted {
+                seen: 0,
+                unseen: 1 << 20
+            }
+        );
     }
 
     #[test]
@@ -215,6 +230,8 @@ mod tests {
         let pid = child.id().to_string();
         std::os::unix::fs::symlink(Path::new("/proc").join(&pid), proc.path().join(&pid)).unwrap();
         let counted = PipeCount::new(proc.path()).used_bytes();
+        assert_eq!(counted.unseen, 0);
+        let counted = counted.seen;
         child.kill().unwrap();
         child.wait().unwrap();
         counted

@@ -61,6 +61,17 @@ const UNIX_DIAG_MSG_LEN: usize = 16;
 const INET_DIAG_MSG_LEN: usize = 72;
 const NETLINK_DIAG_MSG_LEN: usize = 28;
 
+/// The largest socket buffer taken where no sysctl tells it, in bytes.
+const UNKNOWN_BUFFER_MAX: u64 = 64 << 20;
+
+/// What a count of buffers found, in bytes: what it saw held, and apart the worst case of
+/// what it could not see, which bounds the job but is no measure of it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub seen: u64,
+    pub unseen: u64,
+}
+
 /// One dump, and the lines of `/proc/net/protocols` whose sockets it lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dump {
@@ -281,10 +292,26 @@ pub struct SocketCount {
     seq: u32,
 }
 
+/// The largest socket buffer the sysctls under `proc` allow (`net.core.wmem_max` or
+/// `rmem_max`, whichever is more), `None` where they cannot be read. On older kernels (6.1)
+/// they are the host's alone and only its own network namespace shows them (not a sandbox's,
+/// nor the zygote's), so the engine reads them in its own and the init is handed that figure.
+pub fn buffer_max(proc: &Path) -> Option<u64> {
+    let sysctl = |name: &str| -> Option<u64> {
+        std::fs::read_to_string(proc.join("sys/net/core").join(name))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some(sysctl("wmem_max")?.max(sysctl("rmem_max")?))
+}
+
 impl SocketCount {
     /// A count of the sockets of the caller's network namespace; `proc` is a `/proc` that shows
-    /// it (the init's own).
-    pub fn new(proc: &Path) -> SocketCount {
+    /// it (the init's own). `host_max` is [`buffer_max`] as the host's namespace shows it, for
+    /// a kernel whose sysctls are not per namespace.
+    pub fn new(proc: &Path, host_max: Option<u64>) -> SocketCount {
         // Connected to the kernel: the kernel then refuses whatever another socket (a job's,
         // with a network) sends it, so no answer can be forged.
         let diag = socket(
@@ -295,17 +322,10 @@ impl SocketCount {
         )
         .ok()
         .filter(|fd| connect(fd.as_raw_fd(), &NetlinkAddr::new(0, 0)).is_ok());
-        let sysctl = |name: &str| -> Option<u64> {
-            std::fs::read_to_string(proc.join("sys/net/core").join(name))
-                .ok()?
-                .trim()
-                .parse()
-                .ok()
-        };
-        // Unreadable: the largest buffer a host is likely to allow (fail closed).
-        let largest = sysctl("wmem_max")
-            .zip(sysctl("rmem_max"))
-            .map_or(64 << 20, |(w, r)| w.max(r));
+        // The namespace's own figure where the kernel has one (it is the one that caps its
+        // sockets), the host's where it has not; neither: the largest buffer a host is likely
+        // to allow (fail closed).
+        let largest = buffer_max(proc).or(host_max).unwrap_or(UNKNOWN_BUFFER_MAX);
         SocketCount {
             diag,
             protocols: proc.join("net/protocols"),
@@ -315,9 +335,9 @@ impl SocketCount {
         }
     }
 
-    /// What the namespace's sockets hold now, in bytes: what the dumps list, and the worst
-    /// case of every socket they cannot.
-    pub fn used_bytes(&mut self) -> u64 {
+    /// What the namespace's sockets hold now, in bytes: what the dumps list, and apart the
+    /// worst case of every socket they cannot (which the job may or may not hold).
+    pub fn used_bytes(&mut self) -> Counted {
         let read = |path: &Path| in_use(&std::fs::read_to_string(path).unwrap_or_default());
         let before = read(&self.protocols);
         let own = u64::from(self.diag.is_some());
@@ -337,9 +357,10 @@ impl SocketCount {
             })
             .collect();
         let after = read(&self.protocols);
-        let shown: u64 = listed.iter().filter_map(|(_, l)| l.map(|l| l.bytes)).sum();
-        let unlisted = unlisted_bytes(&before, &after, &listed, own, self.per_socket);
-        shown.saturating_add(unlisted)
+        Counted {
+            seen: listed.iter().filter_map(|(_, l)| l.map(|l| l.bytes)).sum(),
+            unseen: unlisted_bytes(&before, &after, &listed, own, self.per_socket),
+        }
     }
 
     /// One dump, `None` when the kernel refused it.
@@ -517,6 +538,26 @@ mod tests {
         );
     }
 
+    /// The worst case of one socket comes from the namespace's own sysctls where it shows them
+    /// (the kernel caps its sockets by those), from the host's figure where it does not (a
+    /// kernel whose sysctls are the host's alone), and is 64 MiB only where neither is known.
+    #[test]
+    fn a_socket_s_worst_case_is_the_namespace_s_or_else_the_host_s() {
+        let proc = tempfile::tempdir().unwrap();
+        let host = Some(212_992);
+        assert_eq!(buffer_max(proc.path()), None);
+        assert_eq!(SocketCount::new(proc.path(), host).per_socket, 4 * 212_992);
+        assert_eq!(SocketCount::new(proc.path(), None).per_socket, 4 * (64 << 20));
+        let core = proc.path().join("sys/net/core");
+        std::fs::create_dir_all(&core).unwrap();
+        std::fs::write(core.join("wmem_max"), "4194304\n").unwrap();
+        // One of the two alone is no figure: the larger could be the other.
+        assert_eq!(buffer_max(proc.path()), None);
+        std::fs::write(core.join("rmem_max"), "8388608\n").unwrap();
+        assert_eq!(buffer_max(proc.path()), Some(8 << 20));
+        assert_eq!(SocketCount::new(proc.path(), host).per_socket, 4 * (8 << 20));
+    }
+
     /// Against the kernel, in a network namespace of the test's own: queued bytes are counted,
     /// and stay counted (at the worst case) once their sender is closed.
     #[test]
@@ -530,31 +571,32 @@ mod tests {
         std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
             // The thread's own view: `/proc/self/net` shows the process's namespace.
-            let mut count = SocketCount::new(Path::new("/proc/thread-self"));
+            let mut count = SocketCount::new(Path::new("/proc/thread-self"), None);
             let (per_socket, idle) = (count.per_socket, count.used_bytes());
-            assert!(idle < 4096, "{idle} bytes in a new namespace");
+            assert!(idle.seen < 4096 && idle.unseen == 0, "{idle:?} in a new namespace");
             let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
             (&a).write_all(&[7u8; 100_000]).unwrap();
             let queued = count.used_bytes();
             assert!(
-                (100_000..per_socket).contains(&queued),
-                "{queued} bytes counted"
+                (100_000..per_socket).contains(&queued.seen) && queued.unseen == 0,
+                "{queued:?} counted"
             );
             // Without `/proc/net/protocols` to go by, the dumps are made all the same.
             let mut blind = SocketCount {
                 protocols: PathBuf::from("/nonexistent"),
-                ..SocketCount::new(Path::new("/proc/thread-self"))
+                ..SocketCount::new(Path::new("/proc/thread-self"), None)
             };
-            assert!(blind.used_bytes() >= 100_000);
+            assert!(blind.used_bytes().seen >= 100_000);
             drop(blind);
             drop(a);
             let behind = count.used_bytes();
             assert!(
-                behind >= per_socket,
-                "{behind} bytes counted for a closed sender"
+                behind.unseen >= per_socket,
+                "{behind:?} counted for a closed sender"
             );
             drop(b);
-            assert!(count.used_bytes() < 4096);
+            let idle = count.used_bytes();
+            assert!(idle.seen < 4096 && idle.unseen == 0, "{idle:?} at the end");
         })
         .join()
         .unwrap();
@@ -572,7 +614,7 @@ mod tests {
         }
         std::thread::spawn(|| {
             nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-            let count = SocketCount::new(Path::new("/proc/thread-self"));
+            let count = SocketCount::new(Path::new("/proc/thread-self"), None);
             let diag = count.diag.as_ref().expect("a sock_diag socket");
             let port: NetlinkAddr = nix::sys::socket::getsockname(diag.as_raw_fd()).unwrap();
             let forger = socket(
