@@ -1007,7 +1007,7 @@ fn python_anonymous_mmap_is_refused_cold_and_warm() {
 }
 
 /// Fills socket buffers at their largest `SO_SNDBUF`, a pair (or a TCP connection over
-/// loopback) at a time, printing `T <MiB>` every 8 and `done <MiB>` at the end. `keep` keeps
+/// loopback) at a time, printing `T <MiB>` after each and `done <MiB>` at the end. `keep` keeps
 /// both ends; `close` closes each sender, whose bytes then wait in its peer's queue alone.
 const SOCKET_HOG: &str = r#"
 import socket, sys, time
@@ -1029,27 +1029,33 @@ for i in range(n):
     except BlockingIOError: pass
     kept.append((a, b))
     if how == "close": a.close()
-    if i % 8 == 0: print("T", total >> 20, flush=True)
+    print("T", total >> 20, flush=True)
 print("done", total >> 20, flush=True)
 time.sleep(1)
 "#;
 
 /// Socket buffers count in the memory budget without cgroups: a job that parks its memory in
 /// socket queues (Unix pairs kept, Unix pairs whose senders are closed, TCP over loopback)
-/// ends as `memory_limit` near its limit, and the peak shows it. Before, the Unix job filled
-/// 949 MiB under 128 MiB and ran out of descriptors (`failed`), the TCP one 1107 MiB (`ok`).
+/// ends as `memory_limit` near its limit, and the peak shows what it held: the limit, or,
+/// where closed senders were counted at their worst case, the bytes seen in their peers.
+/// Before, the Unix job filled 949 MiB under 128 MiB and ran out of descriptors (`failed`),
+/// the TCP one 1107 MiB (`ok`).
 #[test]
 fn socket_buffers_count_in_the_memory_limit() {
+    // Enough pairs to pass the limit where `wmem_max` is the kernel's default (212992: the
+    // VM tier's guest) and a pair holds about 416 KiB; at 4 MiB the limit comes after 16.
     let cases = [
-        ("keep", "128", "none"),
-        ("close", "128", "none"),
-        ("tcp", "128", "loopback"),
+        ("keep", "1024", "none"),
+        ("close", "1024", "none"),
+        ("tcp", "1024", "loopback"),
     ];
     for who in identities() {
         for (how, pairs, network) in cases {
             let opts = [
                 "--memory-mb",
                 "128",
+                "--open-files",
+                "4096",
                 "--timeout-ms",
                 "60000",
                 "--network",
@@ -1076,7 +1082,21 @@ fn socket_buffers_count_in_the_memory_limit() {
             let touched = touched_mib(out);
             assert!(touched <= 512, "{who:?} {how}: {touched} MiB queued");
             let peak_kb = ran.json["max_rss_kb"].as_u64().unwrap();
-            assert!(peak_kb >= 128 * 1024, "{who:?} {how}: peak {peak_kb} KiB");
+            let budget = ran.json["memory_bound_by"] == "sandbox_budget";
+            // Without cgroups a closed sender's bytes are seen in its peer's queue, and the
+            // rest of its worst case (the most one socket can hold: twice a full buffer)
+            // counts against the limit alone, so at the kill at least half the limit, less
+            // the processes' few MiB, was seen.
+            let least = if how == "close" && budget {
+                56 * 1024
+            } else {
+                128 * 1024
+            };
+            assert!(
+                peak_kb >= least,
+                "{who:?} {how}: peak {peak_kb} KiB, {touched} MiB queued: {}",
+                ran.json
+            );
         }
     }
 }
@@ -1159,7 +1179,15 @@ total += int(piped.stdout)
 print("moved", total)
 "#;
     for who in identities() {
-        let opts = ["--memory-mb", "128", "--network", "loopback"];
+        // The emulated guest of the VM tier moves these 60 MB in more than the default 10 s.
+        let opts = [
+            "--memory-mb",
+            "128",
+            "--network",
+            "loopback",
+            "--timeout-ms",
+            "60000",
+        ];
         let ran = python_prog(who, &opts, program);
         assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.json);
         let moved = (4 << 20) * 4 + 100_000 + (8 << 20) + 20_000_000;
@@ -1169,6 +1197,36 @@ print("moved", total)
             "{who:?}: {}",
             ran.json
         );
+    }
+}
+
+/// A socket whose peer was closed keeps that peer alive, and the memory budget's dumps no
+/// longer list it; once its bytes are read it holds nothing and counts for nothing. A job with
+/// 40 MiB of heap that keeps twelve such sockets (stream and seqpacket) runs to its end under
+/// 128 MiB. Before, each closed peer counted at the most one socket can hold (16 MiB on a host
+/// at `wmem_max` 4 MiB) and the job ended as `memory_limit`.
+#[test]
+fn sockets_whose_peers_are_closed_and_read_count_nothing() {
+    let program = r#"
+import socket, time
+heap = bytearray(40 << 20)
+for i in range(0, len(heap), 4096): heap[i] = 1
+kept = []
+for kind in [socket.SOCK_STREAM] * 8 + [socket.SOCK_SEQPACKET] * 4:
+    a, b = socket.socketpair(socket.AF_UNIX, kind)
+    a.sendall(b"x" * 60000)
+    a.close()
+    got = 0
+    while got < 60000: got += len(b.recv(1 << 20))
+    kept.append(b)
+time.sleep(1)
+print("kept", len(kept))
+"#;
+    for who in identities() {
+        let opts = ["--memory-mb", "128", "--timeout-ms", "60000"];
+        let ran = python_prog(who, &opts, program);
+        assert_eq!(ran.status(), "ok", "{who:?}: {}", ran.json);
+        assert_eq!(ran.stdout(), "kept 12\n", "{who:?}: {}", ran.json);
     }
 }
 

@@ -20,7 +20,21 @@
 //! sockets, and each is taken to hold the most one socket can: twice its largest buffer (a
 //! buffer's worth queued, plus one message of up to a buffer). The same worst case covers a
 //! socket of a protocol no dump lists (MPTCP, raw, ping: not open to jobs today) and every
-//! socket of a dump the kernel refused, so the count fails closed.
+//! socket of a dump the kernel refused, so the count fails closed. Two things keep it from
+//! charging a job for what it does not hold:
+//!
+//! - the largest buffer is the one the kernel applies to the namespace: its own
+//!   `net.core.wmem_max`/`rmem_max` where the kernel has them per namespace, the host's
+//!   (handed down by the engine) where it does not (6.1 shows them in no other namespace);
+//! - a closed peer of a listed stream or seqpacket Unix socket whose queue is empty holds
+//!   nothing, and is not counted (see `Folded::unix`). A connected socket keeps its peer
+//!   alive after the peer's close: the init's own channel with the launcher (a seqpacket
+//!   pair), whose other end is gone once the program runs, is one in every sandbox.
+//!
+//! The worst case bounds the job against its limit; it is no measure of what the job held,
+//! so it is kept apart (`Counted::unseen`) from what the dumps show (`Counted::seen`), and
+//! only the latter goes into the peak. What closed senders hold is seen in part: the bytes
+//! waiting in listed Unix sockets' queues that no listed socket sent.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -39,8 +53,18 @@ const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const NLMSG_HDRLEN: usize = 16;
 
-/// `UDIAG_SHOW_MEMINFO` and the attribute it answers with.
+/// `UDIAG_SHOW_PEER`, `UDIAG_SHOW_RQLEN` and `UDIAG_SHOW_MEMINFO`, and the attributes they
+/// answer with.
+const UDIAG_SHOW_PEER: u32 = 0x4;
+const UDIAG_SHOW_RQLEN: u32 = 0x10;
 const UDIAG_SHOW_MEMINFO: u32 = 0x20;
+const UNIX_DIAG_PEER: u16 = 2;
+const UNIX_DIAG_RQLEN: u16 = 4;
+/// Where a `unix_diag_msg` has the socket's type and its state. A listening
+/// socket's `RQLEN` counts connections, not bytes.
+const UNIX_TYPE_AT: usize = 1;
+const UNIX_STATE_AT: usize = 2;
+const TCP_LISTEN: u8 = 10;
 const UNIX_DIAG_MEMINFO: u16 = 5;
 /// The `inet_diag_req_v2` extension bit of `INET_DIAG_SKMEMINFO`, and the attribute.
 const INET_DIAG_SKMEMINFO: u16 = 7;
@@ -108,7 +132,8 @@ impl Dump {
                 body.extend_from_slice(&[libc::AF_UNIX as u8, 0, 0, 0]);
                 body.extend_from_slice(&u32::MAX.to_ne_bytes());
                 body.extend_from_slice(&0u32.to_ne_bytes());
-                body.extend_from_slice(&UDIAG_SHOW_MEMINFO.to_ne_bytes());
+                let show = UDIAG_SHOW_PEER | UDIAG_SHOW_RQLEN | UDIAG_SHOW_MEMINFO;
+                body.extend_from_slice(&show.to_ne_bytes());
                 body.extend_from_slice(&[0xff; 8]);
             }
             Dump::Inet { family, protocol } => {
@@ -146,11 +171,74 @@ impl Dump {
     }
 }
 
-/// What one dump listed.
+/// What one dump listed: its sockets, the bytes they hold and, for Unix sockets, the bytes
+/// waiting in their receive queues (`RQLEN`: a stream's whole queue, a datagram socket's
+/// next datagram) and the bytes they sent that are not freed yet (`wmem_alloc`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Listed {
     pub sockets: u64,
     pub bytes: u64,
+    pub queued: u64,
+    pub sent: u64,
+    /// Unlisted sockets known to hold nothing: the closed peers of listed Unix stream or
+    /// seqpacket sockets whose receive queues are empty (see [`Folded::unix`]).
+    pub idle_peers: u64,
+}
+
+/// A dump's answer as it is folded.
+#[derive(Debug, Default)]
+struct Folded {
+    listed: Listed,
+}
+
+impl Folded {
+    fn finish(self) -> Listed {
+        self.listed
+    }
+
+    /// One listed Unix socket: its fixed part and its attributes.
+    ///
+    /// A connected stream or seqpacket socket keeps its peer alive once that is closed: the
+    /// peer leaves the namespace's table, not `/proc/net/protocols`, and the dump shows it as
+    /// a peer of inode 0 (it has no file any more; one not accepted yet has none either).
+    /// Such a peer is of the same namespace (a pair is made in one, and a connection's other
+    /// end where the connecting socket is) and is no other socket's peer. Its own queue was
+    /// emptied at its close (one not accepted holds what the listed socket sent, charged to
+    /// that one), and what it sent can only be in the listed socket's queue: with that queue
+    /// empty, it holds nothing but its own structure, and is no socket to count at the worst
+    /// case.
+    fn unix(&mut self, fixed: &[u8], attrs: &[u8]) {
+        let u32_attr = |kind| {
+            attribute(attrs, kind)
+                .filter(|a| a.len() >= 4)
+                .map(|a| u32_at(a, 0))
+        };
+        if fixed[UNIX_STATE_AT] == TCP_LISTEN {
+            return;
+        }
+        let rqueue = u32_attr(UNIX_DIAG_RQLEN).unwrap_or(0);
+        let sent = attribute(attrs, UNIX_DIAG_MEMINFO)
+            .filter(|a| a.len() >= 4 * (WMEM_ALLOC + 1))
+            .map_or(0, |a| u32_at(a, 4 * WMEM_ALLOC));
+        self.listed.queued = self.listed.queued.saturating_add(rqueue.into());
+        self.listed.sent = self.listed.sent.saturating_add(sent.into());
+        let connected =
+            [libc::SOCK_STREAM, libc::SOCK_SEQPACKET].contains(&i32::from(fixed[UNIX_TYPE_AT]));
+        // Without an `RQLEN` the queue is not known to be empty.
+        let empty = u32_attr(UNIX_DIAG_RQLEN) == Some(0);
+        if connected && empty && u32_attr(UNIX_DIAG_PEER) == Some(0) {
+            self.listed.idle_peers += 1;
+        }
+    }
+}
+
+impl Listed {
+    /// Bytes that wait in the queues of listed Unix sockets and that no listed socket sent:
+    /// what closed senders hold, at least (a queue's payload, beside the `truesize` the
+    /// kernel charges for it, and a datagram socket's next datagram alone).
+    fn of_closed_senders(&self) -> u64 {
+        self.queued.saturating_sub(self.sent)
+    }
 }
 
 /// How one batch of a dump's answer ends.
@@ -163,7 +251,7 @@ enum Batch {
 
 /// Folds one `recv` of a dump's answer into `listed`. Messages of another request (what is
 /// left of an earlier dump) are skipped.
-fn fold_answer(dump: Dump, seq: u32, mut data: &[u8], listed: &mut Listed) -> Batch {
+fn fold_answer(dump: Dump, seq: u32, mut data: &[u8], folded: &mut Folded) -> Batch {
     let (fixed, meminfo) = dump.layout();
     while data.len() >= NLMSG_HDRLEN {
         let len = u32_at(data, 0) as usize;
@@ -181,10 +269,13 @@ fn fold_answer(dump: Dump, seq: u32, mut data: &[u8], listed: &mut Listed) -> Ba
             NLMSG_DONE => return Batch::Done,
             NLMSG_ERROR => return Batch::Refused,
             _ if message.len() >= fixed => {
+                let attrs = &message[fixed..];
+                let listed = &mut folded.listed;
                 listed.sockets += 1;
-                listed.bytes = listed
-                    .bytes
-                    .saturating_add(held_bytes(&message[fixed..], meminfo));
+                listed.bytes = listed.bytes.saturating_add(held_bytes(attrs, meminfo));
+                if dump == Dump::Unix {
+                    folded.unix(&message[..fixed], attrs);
+                }
             }
             _ => return Batch::Refused,
         }
@@ -193,26 +284,34 @@ fn fold_answer(dump: Dump, seq: u32, mut data: &[u8], listed: &mut Listed) -> Ba
 }
 
 /// The bytes a socket holds, from its memory attribute among `attrs` (none: nothing held).
-fn held_bytes(mut attrs: &[u8], meminfo: u16) -> u64 {
+fn held_bytes(attrs: &[u8], meminfo: u16) -> u64 {
+    let Some(info) = attribute(attrs, meminfo) else {
+        return 0;
+    };
+    let field = |i: usize| {
+        let at = 4 * i;
+        (at + 4 <= info.len()).then(|| u64::from(u32_at(info, at)))
+    };
+    [RMEM_ALLOC, WMEM_ALLOC, WMEM_QUEUED, OPTMEM, BACKLOG]
+        .into_iter()
+        .filter_map(field)
+        .sum()
+}
+
+/// The payload of the attribute of type `kind` among `attrs`, `None` if there is none (or the
+/// attributes are broken before it).
+fn attribute(mut attrs: &[u8], kind: u16) -> Option<&[u8]> {
     while attrs.len() >= 4 {
         let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
-        let kind = u16::from_ne_bytes([attrs[2], attrs[3]]);
         if len < 4 || len > attrs.len() {
-            return 0;
+            return None;
         }
-        if kind == meminfo {
-            let field = |i: usize| {
-                let at = 4 + 4 * i;
-                (at + 4 <= len).then(|| u64::from(u32_at(attrs, at)))
-            };
-            return [RMEM_ALLOC, WMEM_ALLOC, WMEM_QUEUED, OPTMEM, BACKLOG]
-                .into_iter()
-                .filter_map(field)
-                .sum();
+        if u16::from_ne_bytes([attrs[2], attrs[3]]) == kind {
+            return Some(&attrs[4..len]);
         }
         attrs = &attrs[align(len).min(attrs.len())..];
     }
-    0
+    None
 }
 
 fn u32_at(data: &[u8], at: usize) -> u32 {
@@ -241,8 +340,9 @@ fn in_use(protocols: &str) -> HashMap<String, u64> {
 
 /// The worst case of sockets no dump listed: `in_use` of every protocol (read twice around the
 /// dumps; the lower of the two, so a socket made or freed meanwhile is no phantom) less what
-/// the dumps of its lines listed, each at `per_socket` bytes. The counter's `own` netlink
-/// socket (1, or 0 if it has none) is no job's, listed or not.
+/// the dumps of its lines listed and the peers they showed to hold nothing (`idle_peers`),
+/// each at `per_socket` bytes. The counter's `own` netlink socket (1, or 0 if it has none) is
+/// no job's, listed or not.
 fn unlisted_bytes(
     before: &HashMap<String, u64>,
     after: &HashMap<String, u64>,
@@ -264,7 +364,7 @@ fn unlisted_bytes(
             .iter()
             .find(|(d, _)| d == dump)
             .and_then(|(_, l)| l.as_ref())
-            .map_or(0, |l| l.sockets);
+            .map_or(0, |l| l.sockets.saturating_add(l.idle_peers));
         if *dump == Dump::Netlink {
             shown = shown.max(own);
         }
@@ -357,9 +457,18 @@ impl SocketCount {
             })
             .collect();
         let after = read(&self.protocols);
+        let unseen = unlisted_bytes(&before, &after, &listed, own, self.per_socket);
+        let shown: u64 = listed.iter().filter_map(|(_, l)| l.map(|l| l.bytes)).sum();
+        // What closed senders hold at least is seen in their peers' queues; the rest of their
+        // worst case stays unseen.
+        let closed = listed
+            .iter()
+            .find(|(d, _)| *d == Dump::Unix)
+            .and_then(|(_, l)| l.as_ref())
+            .map_or(0, Listed::of_closed_senders);
         Counted {
-            seen: listed.iter().filter_map(|(_, l)| l.map(|l| l.bytes)).sum(),
-            unseen: unlisted_bytes(&before, &after, &listed, own, self.per_socket),
+            seen: shown.saturating_add(closed),
+            unseen: unseen.saturating_sub(closed),
         }
     }
 
@@ -375,7 +484,7 @@ impl SocketCount {
             MsgFlags::empty(),
         )
         .ok()?;
-        let mut listed = Listed::default();
+        let mut folded = Folded::default();
         let mut buf = vec![0u8; 64 << 10];
         loop {
             let (n, from) = recvfrom::<NetlinkAddr>(fd.as_raw_fd(), &mut buf).ok()?;
@@ -383,9 +492,9 @@ impl SocketCount {
             if from.is_none_or(|a| a.pid() != 0) {
                 return None;
             }
-            match fold_answer(dump, self.seq, &buf[..n], &mut listed) {
+            match fold_answer(dump, self.seq, &buf[..n], &mut folded) {
                 Batch::More if n > 0 => {}
-                Batch::Done => return Some(listed),
+                Batch::Done => return Some(folded.finish()),
                 Batch::More | Batch::Refused => return None,
             }
         }
@@ -458,18 +567,22 @@ mod tests {
             7,
             &unix_socket([0, 0, 20, 0, 0, 0, 0, 0, 0]),
         ));
-        let mut listed = Listed::default();
+        let mut folded = Folded::default();
         assert_eq!(
-            fold_answer(Dump::Unix, 7, &answer, &mut listed),
+            fold_answer(Dump::Unix, 7, &answer, &mut folded),
             Batch::More
         );
         assert_eq!(
-            listed,
+            folded.listed,
             Listed {
                 sockets: 2,
-                bytes: 520
+                bytes: 520,
+                queued: 0,
+                sent: 520,
+                idle_peers: 0
             }
         );
+        let mut listed = folded;
         let done = message(NLMSG_DONE, 7, &[0; 4]);
         assert_eq!(fold_answer(Dump::Unix, 7, &done, &mut listed), Batch::Done);
         let refused = message(NLMSG_ERROR, 7, &(-libc::ENOENT).to_ne_bytes());
@@ -491,6 +604,84 @@ mod tests {
         );
     }
 
+    /// A Unix socket's answer in `state` with `rqueue` in its `RQLEN` and `wmem` sent.
+    fn unix_queue(state: u8, rqueue: u32, wmem: u32) -> Vec<u8> {
+        unix_peer(libc::SOCK_STREAM, state, 7, Some(rqueue), wmem)
+    }
+
+    /// A Unix socket's answer: its type, state, peer's inode, `RQLEN` (if any) and `wmem`
+    /// sent (the peer attribute `unix_socket` puts first).
+    fn unix_peer(kind: i32, state: u8, peer: u32, rqueue: Option<u32>, wmem: u32) -> Vec<u8> {
+        let mut body = unix_socket([0, 0, wmem, 0, 0, 0, 0, 0, 0]);
+        body[UNIX_TYPE_AT] = kind as u8;
+        body[UNIX_STATE_AT] = state;
+        body[UNIX_DIAG_MSG_LEN + 4..UNIX_DIAG_MSG_LEN + 8].copy_from_slice(&peer.to_ne_bytes());
+        if let Some(rqueue) = rqueue {
+            body.extend_from_slice(&12u16.to_ne_bytes());
+            body.extend_from_slice(&UNIX_DIAG_RQLEN.to_ne_bytes());
+            body.extend_from_slice(&rqueue.to_ne_bytes());
+            body.extend_from_slice(&0u32.to_ne_bytes());
+        }
+        message(SOCK_DIAG_BY_FAMILY, 3, &body)
+    }
+
+    /// The closed peer (inode 0) of a listed stream or seqpacket socket with an empty queue
+    /// holds nothing; with bytes queued, of a datagram socket, or with no queue length shown,
+    /// it may.
+    #[test]
+    fn the_closed_peer_of_an_empty_stream_socket_holds_nothing() {
+        const ESTABLISHED: u8 = 1;
+        let (stream, seqpacket) = (libc::SOCK_STREAM, libc::SOCK_SEQPACKET);
+        let answer = [
+            // A pair, both ends open.
+            unix_peer(stream, ESTABLISHED, 11, Some(0), 0),
+            unix_peer(stream, ESTABLISHED, 10, Some(0), 0),
+            // Closed peers.
+            unix_peer(seqpacket, ESTABLISHED, 0, Some(0), 0),
+            unix_peer(stream, ESTABLISHED, 0, Some(0), 0),
+            unix_peer(stream, ESTABLISHED, 0, Some(5), 0),
+            unix_peer(libc::SOCK_DGRAM, ESTABLISHED, 0, Some(0), 0),
+            unix_peer(stream, ESTABLISHED, 0, None, 0),
+        ]
+        .concat();
+        let mut folded = Folded::default();
+        assert_eq!(
+            fold_answer(Dump::Unix, 3, &answer, &mut folded),
+            Batch::More
+        );
+        let listed = folded.finish();
+        assert_eq!((listed.sockets, listed.idle_peers), (7, 2));
+        // Counted against `/proc/net/protocols`: 7 listed, 5 closed, two known idle.
+        let table = in_use("protocol size sockets\nUNIX-STREAM 1 10\nUNIX 1 2\n");
+        let listed = [(Dump::Unix, Some(listed))];
+        assert_eq!(unlisted_bytes(&table, &table, &listed, 0, 10), 30);
+    }
+
+    /// Bytes in the queues of listed Unix sockets that no listed socket sent are what closed
+    /// senders hold, at least; a listening socket's `RQLEN` (its pending connections) is no
+    /// byte count.
+    #[test]
+    fn queued_bytes_no_listed_socket_sent_are_a_closed_sender_s() {
+        const ESTABLISHED: u8 = 1;
+        let mut answer = unix_queue(ESTABLISHED, 100_000, 0);
+        answer.extend(unix_queue(ESTABLISHED, 0, 30_000));
+        answer.extend(unix_queue(TCP_LISTEN, 5, 0));
+        let mut folded = Folded::default();
+        assert_eq!(
+            fold_answer(Dump::Unix, 3, &answer, &mut folded),
+            Batch::More
+        );
+        let listed = folded.finish();
+        assert_eq!((listed.queued, listed.sent), (100_000, 30_000));
+        assert_eq!(listed.of_closed_senders(), 70_000);
+        // Senders still open: what they sent is theirs, nobody else's.
+        let mut open = Folded::default();
+        let mut answer = unix_queue(ESTABLISHED, 100_000, 0);
+        answer.extend(unix_queue(ESTABLISHED, 0, 110_000));
+        fold_answer(Dump::Unix, 3, &answer, &mut open);
+        assert_eq!(open.finish().of_closed_senders(), 0);
+    }
+
     const PROTOCOLS: &str = "protocol  size sockets  memory press maxhdr  slab module\n\
         UNIX-STREAM 1152      5      -1   NI       0   yes  kernel\n\
         UNIX      1152      2      -1   NI       0   yes  kernel\n\
@@ -509,10 +700,16 @@ mod tests {
                     Dump::Unix,
                     Some(Listed {
                         sockets: unix,
-                        bytes: 0,
+                        ..Listed::default()
                     }),
                 ),
-                (DUMPS[1].0, tcp.map(|sockets| Listed { sockets, bytes: 0 })),
+                (
+                    DUMPS[1].0,
+                    tcp.map(|sockets| Listed {
+                        sockets,
+                        ..Listed::default()
+                    }),
+                ),
             ]
         };
         // Every socket listed, the counter's own netlink socket aside: nothing more.
@@ -547,7 +744,10 @@ mod tests {
         let host = Some(212_992);
         assert_eq!(buffer_max(proc.path()), None);
         assert_eq!(SocketCount::new(proc.path(), host).per_socket, 4 * 212_992);
-        assert_eq!(SocketCount::new(proc.path(), None).per_socket, 4 * (64 << 20));
+        assert_eq!(
+            SocketCount::new(proc.path(), None).per_socket,
+            4 * (64 << 20)
+        );
         let core = proc.path().join("sys/net/core");
         std::fs::create_dir_all(&core).unwrap();
         std::fs::write(core.join("wmem_max"), "4194304\n").unwrap();
@@ -555,7 +755,10 @@ mod tests {
         assert_eq!(buffer_max(proc.path()), None);
         std::fs::write(core.join("rmem_max"), "8388608\n").unwrap();
         assert_eq!(buffer_max(proc.path()), Some(8 << 20));
-        assert_eq!(SocketCount::new(proc.path(), host).per_socket, 4 * (8 << 20));
+        assert_eq!(
+            SocketCount::new(proc.path(), host).per_socket,
+            4 * (8 << 20)
+        );
     }
 
     /// Against the kernel, in a network namespace of the test's own: queued bytes are counted,
@@ -573,7 +776,10 @@ mod tests {
             // The thread's own view: `/proc/self/net` shows the process's namespace.
             let mut count = SocketCount::new(Path::new("/proc/thread-self"), None);
             let (per_socket, idle) = (count.per_socket, count.used_bytes());
-            assert!(idle.seen < 4096 && idle.unseen == 0, "{idle:?} in a new namespace");
+            assert!(
+                idle.seen < 4096 && idle.unseen == 0,
+                "{idle:?} in a new namespace"
+            );
             let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
             (&a).write_all(&[7u8; 100_000]).unwrap();
             let queued = count.used_bytes();
@@ -589,10 +795,20 @@ mod tests {
             assert!(blind.used_bytes().seen >= 100_000);
             drop(blind);
             drop(a);
+            // Its bytes are seen in its peer's queue; the limit counts its worst case.
             let behind = count.used_bytes();
             assert!(
-                behind.unseen >= per_socket,
+                behind.seen >= 100_000 && behind.seen + behind.unseen >= per_socket,
                 "{behind:?} counted for a closed sender"
+            );
+            // Once its bytes are read, the closed sender (kept alive by its peer) holds
+            // nothing, and nothing counts for it.
+            let mut read = vec![0u8; 100_000];
+            std::io::Read::read_exact(&mut &b, &mut read).unwrap();
+            let drained = count.used_bytes();
+            assert!(
+                drained.seen < 4096 && drained.unseen == 0,
+                "{drained:?} counted for a closed sender whose bytes were read"
             );
             drop(b);
             let idle = count.used_bytes();

@@ -198,7 +198,11 @@ fn supervise(
     let memory = received.as_ref().and_then(|r| {
         let mb = r.message.memory_budget_mb?;
         let host_socket_max = r.message.socket_buffer_max;
-        Some(MemoryBudget::with_buffers(mb, Path::new("/proc"), host_socket_max))
+        Some(MemoryBudget::with_buffers(
+            mb,
+            Path::new("/proc"),
+            host_socket_max,
+        ))
     });
     let reaped = reap(launcher, budget, memory);
     let (exit_code, signal) = (reaped.exit_code, reaped.signal);
