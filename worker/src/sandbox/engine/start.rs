@@ -1,7 +1,7 @@
 //! The engine: its configuration, the start of its zygote, and what the host enforces.
 
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +15,7 @@ use super::staging;
 use crate::sandbox::isolate::cgroup;
 use crate::sandbox::isolate::rootfs::RootSource;
 use crate::sandbox::isolate::setup_error::SetupError;
+use crate::sandbox::isolate::sockets;
 use crate::sandbox::kernel::sys;
 use crate::sandbox::process::identity;
 use crate::sandbox::process::wire::{self, FromZygote, ToZygote, ZygoteConfig};
@@ -340,6 +341,8 @@ impl Engine {
             cgroup_handshake: cgroups.is_some(),
             python: python_request,
             sandbox_id: identity::sandbox_id(),
+            // Read here, in the node's network namespace, before the zygote leaves it.
+            socket_buffer_max: sockets::buffer_max(Path::new("/proc")),
         };
         wire::send(ours.as_fd(), &zcfg, &[]).map_err(EngineError::Channel)?;
         Ok(Spawned {

@@ -21,11 +21,22 @@
 //! The seccomp policy refuses the direct ways to the first two kinds (`MAP_GROWSDOWN`, and
 //! `MAP_SHARED` with `MAP_ANONYMOUS`), so what is left for this budget to catch is the
 //! indirect ones.
+//!
+//! The sandbox's sockets and pipes count too (`sockets`, `pipes`): what their buffers hold is
+//! in no process's memory, and a job can park gigabytes there. They are asked only while the
+//! processes alone are within the budget, so a job past it by its processes is killed no later
+//! than before; past it with them, everything is read again and the lower sum counts, so that
+//! a socket freed between two steps of one reading (which then counts at its worst case)
+//! kills nothing. What cannot be seen (a socket no dump lists, a pipe that cannot be asked)
+//! counts at its worst case against the budget, so that it fails closed, but not in the peak:
+//! the peak is what the job was seen to hold, never a bound of what it might have.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::pipes::PipeCount;
 use super::procfs::{self, field_kb};
+use super::sockets::SocketCount;
 
 /// The shortest time between two checks.
 pub const MIN_CHECK: Duration = Duration::from_millis(10);
@@ -40,6 +51,9 @@ pub struct MemoryBudget {
     limit_kb: u64,
     proc: PathBuf,
     peak_kb: u64,
+    /// The sockets of the sandbox's network namespace and the pipes its processes hold, when
+    /// they are counted.
+    buffers: Option<(SocketCount, PipeCount)>,
 }
 
 impl MemoryBudget {
@@ -49,17 +63,66 @@ impl MemoryBudget {
             limit_kb: limit_mb.saturating_mul(1024),
             proc: proc.to_owned(),
             peak_kb: 0,
+            buffers: None,
         }
     }
 
-    /// The highest sum seen so far, in KiB.
+    /// The same budget counting also the sockets of the caller's network namespace (the
+    /// sandbox's, for its init), which `proc` must show, and the pipes of its processes;
+    /// `host_socket_max` is the host's largest socket buffer (`sockets::buffer_max`), for a
+    /// kernel that shows it in no other namespace.
+    pub fn with_buffers(limit_mb: u64, proc: &Path, host_socket_max: Option<u64>) -> MemoryBudget {
+        MemoryBudget {
+            buffers: Some((
+                SocketCount::new(proc, host_socket_max),
+                PipeCount::new(proc),
+            )),
+            ..MemoryBudget::new(limit_mb, proc)
+        }
+    }
+
+    /// The most the sandbox was seen to hold at one check so far, in KiB: the worst case of
+    /// buffers that could not be seen counts against the budget, not here.
     pub fn peak_kb(&self) -> u64 {
         self.peak_kb
     }
 
     /// The memory, in KiB, that the processes of the sandbox hold now, the calling process's
-    /// own excepted.
+    /// own excepted, and its sockets and pipes where they are counted, with the worst case of
+    /// those that could not be seen. Past the budget by the processes alone, the buffers are
+    /// not asked (the kill comes sooner); past it with them, everything is read again and the
+    /// lower sum counts.
     pub fn used_kb(&mut self) -> u64 {
+        let processes = self.processes_kb();
+        let (kb, seen_kb) = if processes >= self.limit_kb || self.buffers.is_none() {
+            (processes, processes)
+        } else {
+            let first = self.with_buffers_kb(processes);
+            if first.0 >= self.limit_kb {
+                let processes = self.processes_kb();
+                first.min(self.with_buffers_kb(processes))
+            } else {
+                first
+            }
+        };
+        self.peak_kb = self.peak_kb.max(seen_kb);
+        kb
+    }
+
+    /// `processes_kb` and the buffers: with the worst case of those not seen, and without.
+    fn with_buffers_kb(&mut self, processes_kb: u64) -> (u64, u64) {
+        let Some((sockets, pipes)) = self.buffers.as_mut() else {
+            return (processes_kb, processes_kb);
+        };
+        let (sockets, pipes) = (sockets.used_bytes(), pipes.used_bytes());
+        let seen = sockets.seen.saturating_add(pipes.seen);
+        let unseen = sockets.unseen.saturating_add(pipes.unseen);
+        let seen_kb = processes_kb.saturating_add(seen.div_ceil(1024));
+        let kb = processes_kb.saturating_add(seen.saturating_add(unseen).div_ceil(1024));
+        (kb, seen_kb)
+    }
+
+    fn processes_kb(&self) -> u64 {
         let me = std::process::id();
         let mut kb = 0u64;
         for process in procfs::processes(&self.proc).filter(|p| p.pid != me) {
@@ -70,7 +133,6 @@ impl MemoryBudget {
             let rollup = process.read("smaps_rollup");
             kb = kb.saturating_add(process_kb(&status, rollup.as_deref()));
         }
-        self.peak_kb = self.peak_kb.max(kb);
         kb
     }
 

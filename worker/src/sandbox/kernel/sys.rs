@@ -1,7 +1,8 @@
 //! The only place in Forkbox that calls the kernel through `unsafe`.
 //!
 //! Everything here is a thin, typed wrapper over one system call (or a fixed sequence of them)
-//! that `nix` does not cover safely: `clone3` with a pidfd, `pidfd_send_signal`, `wait4`,
+//! that `nix` does not cover safely: `clone3` with a pidfd, `pidfd_send_signal`, `pidfd_open`,
+//! `pidfd_getfd`, a pipe's `FIONREAD`, `wait4`,
 //! capability dropping, loading a pre-compiled seccomp program, `close_range`, bringing `lo` up,
 //! `openat2` and `mount_setattr`, and `fork` in a process known to be single-threaded. Each
 //! block states why it is sound.
@@ -149,6 +150,30 @@ pub fn pidfd_kill(pidfd: &OwnedFd) -> Result<(), Errno> {
         Err(Errno::last())
     } else {
         Ok(())
+    }
+}
+
+/// A duplicate of descriptor `fd` of the process behind `pidfd` (`pidfd_getfd`; the kernel
+/// asks for ptrace access to it), close-on-exec.
+pub fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> Result<OwnedFd, Errno> {
+    // SAFETY: integer-only syscall on a pidfd we own; on success it returns a new descriptor.
+    let got = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
+    if got < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: pidfd_getfd just returned this descriptor, which nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(got as RawFd) })
+}
+
+/// The bytes waiting in a pipe (`FIONREAD`).
+pub fn pipe_queued(pipe: &OwnedFd) -> Result<u64, Errno> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through a valid pointer to a local.
+    let ret = unsafe { libc::ioctl(pipe.as_raw_fd(), libc::FIONREAD, &mut queued) };
+    if ret == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(queued.max(0) as u64)
     }
 }
 

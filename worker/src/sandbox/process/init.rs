@@ -195,10 +195,15 @@ fn supervise(
         .as_ref()
         .and_then(|r| r.message.cpu_budget_ms.map(|ms| (ms, r.message.timeout_ms)))
         .and_then(|(ms, timeout_ms)| CpuBudget::new(ms, timeout_ms, Path::new("/proc")));
-    let memory = received
-        .as_ref()
-        .and_then(|r| r.message.memory_budget_mb)
-        .map(|mb| MemoryBudget::new(mb, Path::new("/proc")));
+    let memory = received.as_ref().and_then(|r| {
+        let mb = r.message.memory_budget_mb?;
+        let host_socket_max = r.message.socket_buffer_max;
+        Some(MemoryBudget::with_buffers(
+            mb,
+            Path::new("/proc"),
+            host_socket_max,
+        ))
+    });
     let reaped = reap(launcher, budget, memory);
     let (exit_code, signal) = (reaped.exit_code, reaped.signal);
     // A staged job's program was the launcher's child: its own peak, apart from the compiler's.

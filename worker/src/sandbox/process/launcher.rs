@@ -208,6 +208,7 @@ fn hand_report_over(
         count_held: payload.memory == limits::MemoryEnforcement::DataRlimit,
         memory_budget_mb: (payload.memory == limits::MemoryEnforcement::DataRlimit)
             .then_some(memory_mb),
+        socket_buffer_max: cfg.socket_buffer_max,
     };
     wire::send(handoff.as_fd(), &handed, &[report.as_fd()])
         .map_err(|e| SetupError::errno("hand the report over", e))?;

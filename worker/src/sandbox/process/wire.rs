@@ -52,6 +52,11 @@ pub struct ZygoteConfig {
     pub python: Option<crate::sandbox::runtime::python::WarmRequest>,
     /// The id, in the zygote's user namespace, of every sandbox's root (`identity::sandbox_id`).
     pub sandbox_id: u32,
+    /// The largest socket buffer the host allows (`sockets::buffer_max` in the engine's
+    /// network namespace), `None` where it cannot be read: the memory budget's worst case of a
+    /// socket, for a kernel that shows it in no sandbox's namespace.
+    #[serde(default)]
+    pub socket_buffer_max: Option<u64>,
 }
 
 /// Engine → zygote.
@@ -188,6 +193,9 @@ pub struct Handoff {
     /// `memory`).
     #[serde(default)]
     pub memory_budget_mb: Option<u64>,
+    /// The host's largest socket buffer, for the memory budget (`ZygoteConfig`).
+    #[serde(default)]
+    pub socket_buffer_max: Option<u64>,
 }
 
 impl Handoff {
