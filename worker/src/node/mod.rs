@@ -35,7 +35,8 @@
 //!   value Redis takes).
 //! - `session`, `session_task`, `session_relay`: sessions (long-lived sandboxes served calls
 //!   through Redis): opening them from their create jobs, routing calls, one task per session
-//!   owning its sandbox, and the pure pieces (capacity, output cap, clocks).
+//!   owning its sandbox, and the pure pieces (capacity, output cap, clocks); `session_pool`:
+//!   session sandboxes opened ahead of demand, within the sessions' capacity.
 //! - [`config`]: the resolved settings of a node ([`NodeConfig`]), their defaults and checks.
 //!
 //! The command-line entry points (`forkbox worker`, `up`, the client commands) live in the
@@ -61,6 +62,7 @@ pub mod preflight;
 pub mod reader;
 pub(crate) mod seam;
 pub(crate) mod session;
+pub(crate) mod session_pool;
 pub(crate) mod session_relay;
 pub(crate) mod session_task;
 pub mod shared;

@@ -9,6 +9,7 @@
 //! - `output`: capped stdout/stderr capture;
 //! - `outcome`: the pure fold of what was observed into an `Outcome`;
 //! - `session`: a long-lived sandbox running the session supervisor, talked to in frames;
+//!   `session_ahead`: a session's sandbox opened before its session, set up at hand-over;
 //! - `staging`: the host staging directory; `defaults`: what a sandbox gets unless told;
 //! - `check`: `forkbox check`'s probe of the host's mechanisms.
 
@@ -23,5 +24,6 @@ pub(crate) mod payload;
 pub(crate) mod run;
 pub(crate) mod run_error;
 pub(crate) mod session;
+pub(crate) mod session_ahead;
 pub(crate) mod staging;
 pub(crate) mod start;

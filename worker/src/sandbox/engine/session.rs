@@ -220,36 +220,16 @@ impl Engine {
         if let Some(refused) = files_past_disk(&job, &limits) {
             return Err(OpenError::Invalid(refused.error.unwrap_or_default()));
         }
-        let mut session = engine
+        let session = engine
             .start_session(&job, limits)
             .map_err(|e| OpenError::Failed(e.to_string()))?;
-        let first = tokio::time::timeout(HELLO_WAIT, session.recv()).await;
-        let hello = match first {
-            Ok(Ok(frame)) => serde_json::from_slice::<serde_json::Value>(&frame)
-                .ok()
-                .filter(|v| v["kind"] == "ready"),
-            Ok(Err(end)) => return Err(OpenError::Failed(end.message())),
-            Err(_) => None,
-        };
-        match hello {
-            Some(hello) => {
-                session.hello = hello;
-                Ok(session)
-            }
-            None => {
-                let end = session.kill().await;
-                Err(OpenError::Failed(format!(
-                    "the session's supervisor did not say it was ready ({})",
-                    end.message()
-                )))
-            }
-        }
+        session.hello_awaited().await
     }
 
     /// The job a session's sandbox runs: the supervisor, with the spec's limits, files,
     /// environment and network, and its ttl as the deadline; checked as any job is, but
     /// against the node's job timeout only by the node (its session ttl ceiling is its own).
-    fn session_job(&self, spec: &SessionSpec) -> Result<Job, OpenError> {
+    pub(super) fn session_job(&self, spec: &SessionSpec) -> Result<Job, OpenError> {
         let job = Job {
             argv: Some(vec![
                 "python3".into(),
@@ -288,7 +268,7 @@ impl Engine {
 
     /// The sandbox and its watch: the job path's payload and hand-over with the session's
     /// own descriptors, then a task that watches it to its end as a run's event loop does.
-    fn start_session(
+    pub(super) fn start_session(
         &self,
         job: &Job,
         limits: EffectiveLimits,
@@ -532,6 +512,31 @@ fn check_frame(frame: &[u8]) -> Result<(), String> {
 }
 
 impl SandboxSession {
+    /// The session once its supervisor said it is ready (its hello kept), or why not.
+    pub(super) async fn hello_awaited(mut self) -> Result<SandboxSession, OpenError> {
+        let first = tokio::time::timeout(HELLO_WAIT, self.recv()).await;
+        let hello = match first {
+            Ok(Ok(frame)) => serde_json::from_slice::<serde_json::Value>(&frame)
+                .ok()
+                .filter(|v| v["kind"] == "ready"),
+            Ok(Err(end)) => return Err(OpenError::Failed(end.message())),
+            Err(_) => None,
+        };
+        match hello {
+            Some(hello) => {
+                self.hello = hello;
+                Ok(self)
+            }
+            None => {
+                let end = self.kill().await;
+                Err(OpenError::Failed(format!(
+                    "the session's supervisor did not say it was ready ({})",
+                    end.message()
+                )))
+            }
+        }
+    }
+
     /// Sends one frame (a call's JSON, at most [`MAX_FRAME`] bytes) to the supervisor.
     pub async fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
         write_frame(&self.to_supervisor, frame).await
