@@ -299,9 +299,9 @@ def kernel_main(ctrl_r, ctrl_w):
             continue
         for req in frames:
             if "env" in req:
-                # A prepared session's environment, before any cell (see Supervisor.setup).
+                # A prepared session's environment, before any cell (see Supervisor.setup);
+                # unanswered: the cells that follow on this pipe come after it.
                 os.environ.update(req["env"])
-                write_all(ctrl_w, encode_frame({"execution_count": count}))
                 continue
             count += 1
             reply = run_cell(req.get("code", ""), count, ns)
@@ -588,7 +588,9 @@ class Supervisor:
             result = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
         result.setdefault("cpu_ms", int(children_cpu_ms() - cpu0))
         result["wall_ms"] = int((time.monotonic() - started) * 1000)
-        result["session_memory_kb"] = session_memory_kb()
+        # The setup's answer goes to the engine alone, which has no use for it.
+        if op != "setup":
+            result["session_memory_kb"] = session_memory_kb()
         result["kind"] = "result"
         result["call"] = cid
         self.emit(fit(result))
@@ -602,16 +604,9 @@ class Supervisor:
             raise CallError("setup: env is an object of strings")
         if not isinstance(files, dict):
             raise CallError("setup: files is an object")
+        # A kernel forked later (one replacing this one) inherits it from here.
         os.environ.update(env)
-        k = self.kernel
-        write_all(k.to, encode_frame({"env": env}))
-        while True:
-            frames = k.replies.frames()
-            if frames:
-                break
-            if k.replies.closed:
-                raise CallError("setup: the kernel ended before its first cell")
-            k.replies.feed()
+        write_all(self.kernel.to, encode_frame({"env": env}))
         for path, data in files.items():
             write_setup_file(path, data)
         self.awaiting_setup = False
