@@ -87,6 +87,11 @@ impl Sessions {
 
     /// Starts the calls readers, one per queue partition, and the pool's filling.
     pub(crate) fn start(self: &Arc<Self>) {
+        for queue in self.queues.queues() {
+            let task = tokio::spawn(self.clone().read_calls(queue.clone()));
+            self.tasks.lock().expect("tasks lock").push(task);
+        }
+        // After the readers: its first preparation must not hold up their start.
         let live = self.live.clone();
         let usage = Arc::new(move || {
             let l = live.lock().expect("live lock");
@@ -94,10 +99,6 @@ impl Sessions {
         });
         let task = tokio::spawn(self.pool.clone().run(usage));
         self.tasks.lock().expect("tasks lock").push(task);
-        for queue in self.queues.queues() {
-            let task = tokio::spawn(self.clone().read_calls(queue.clone()));
-            self.tasks.lock().expect("tasks lock").push(task);
-        }
     }
 
     async fn open_one(&self, shared: &Shared, d: Delivery, permits: Permits, outbox: Outbox) {
