@@ -1,12 +1,13 @@
 //! `forkbox-bench session`: what a session costs at the engine level, against a warm one-shot
-//! job measured in the same run: open → first `run_code` result, the `run_code` round trip,
-//! and the memory an idle session holds beyond the zygote's shared pages.
+//! job measured in the same run: open → first `run_code` result, fresh and from a sandbox
+//! prepared ahead of demand (alternated, the preparation off the clock), the `run_code` round
+//! trip, and the memory an idle session holds beyond the zygote's shared pages.
 
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Args;
-use forkbox::sandbox::{Engine, SandboxSession, SessionSpec};
+use forkbox::sandbox::{Engine, SandboxSession, SessionShape, SessionSpec};
 use forkbox_queue::schema::{Job, Runtime, Status};
 use serde_json::{json, Value};
 
@@ -46,7 +47,19 @@ pub fn main(args: SessionBenchArgs) -> anyhow::Result<ExitCode> {
         let mut one_shot = Vec::new();
         let mut first = Vec::new();
         let mut opened = Vec::new();
+        let (mut handed_first, mut handed) = (Vec::new(), Vec::new());
+        let shape = SessionShape::of(&spec()).expect("a plain spec has a shape");
         for _ in 0..args.opens {
+            // Prepared as the node's pool would, before the create: off the clock.
+            let prepared = engine.prepare_session(shape).await?;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let t = Instant::now();
+            let mut s = prepared.hand_over(&engine, &spec()).await?;
+            handed.push(t.elapsed().as_secs_f64() * 1e6);
+            let r = call(&mut s, "1 + 1").await?;
+            anyhow::ensure!(r["text"] == "2", "first run_code: {r}");
+            handed_first.push(t.elapsed().as_secs_f64() * 1e6);
+            s.kill().await;
             let t = Instant::now();
             let outcome = engine.run(&job).await;
             anyhow::ensure!(outcome.status == Status::Ok, "baseline job: {outcome:?}");
@@ -79,6 +92,8 @@ pub fn main(args: SessionBenchArgs) -> anyhow::Result<ExitCode> {
         let (b50, b99, _, _) = percentiles(one_shot);
         let (f50, f99, _, n) = percentiles(first);
         let (o50, o99, _, _) = percentiles(opened);
+        let (h50, h99, _, _) = percentiles(handed_first);
+        let (ho50, ho99, _, _) = percentiles(handed);
         let (r50, r99, _, m) = percentiles(trips);
         println!("session, engine level ({n} opens, {m} round trips, debug or release as built)");
         println!("  warm one-shot job (baseline)      p50 {:>9.0} µs  p99 {:>9.0} µs", b50, b99);
@@ -91,6 +106,17 @@ pub fn main(args: SessionBenchArgs) -> anyhow::Result<ExitCode> {
         println!(
             "    of which open (supervisor ready) p50 {:>9.0} µs  p99 {:>9.0} µs",
             o50, o99
+        );
+        println!(
+            "  prepared: hand-over → first result p50 {:>9.0} µs  p99 {:>9.0} µs  ({:.2}× the one-shot job, {:.2}× fresh)",
+            h50,
+            h99,
+            h50 / b50,
+            h50 / f50
+        );
+        println!(
+            "    of which the hand-over (setup)   p50 {:>9.0} µs  p99 {:>9.0} µs",
+            ho50, ho99
         );
         println!(
             "  run_code round trip               p50 {:>9.0} µs  p99 {:>9.0} µs  ({:.3}× the one-shot job)",

@@ -2,7 +2,10 @@
 //! measured through the queue as a client sees it.
 //!
 //! The baseline, measured in the same run: a one-shot job `python3 -c 'print(1)'` on the warm
-//! runtime, enqueue to result. Then: create → first `run_code("print(1)")` result; the
+//! runtime, enqueue to result. Then: create → first `run_code("print(1)")` result, on a node
+//! that opens each session at its create (`--session-pool 0`) and, alternated with it in the
+//! same rounds, on a second node that keeps one opened ahead of demand (`--session-pool 1`,
+//! its own queue; how many creates took a prepared sandbox is read from its metrics); the
 //! `run_code("x + 1")` round trip in one session; the memory an idle session holds (its
 //! sandbox's processes, as `info` reports it); and how many sessions of `memory_mb = 256` one
 //! node holds while a client calling each of them in turn still gets `run_code` answers
@@ -53,6 +56,44 @@ fn summary(mut ms: Vec<f64>) -> Summary {
 /// A worker process, killed on drop.
 struct Worker(Child);
 
+/// Starts a worker on `queue` with `args`.
+fn worker(
+    b: &SessionBench,
+    url: &str,
+    name: &str,
+    queue: &str,
+    args: &[&str],
+) -> anyhow::Result<Worker> {
+    let child = Command::new(&b.forkbox)
+        .args(["worker", "--redis", url, "--name", name, "--queues", queue])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", b.forkbox.display()))?;
+    Ok(Worker(child))
+}
+
+/// A free loopback port for a worker's metrics.
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// One sample of a worker's `/metrics` page (a series without labels).
+fn metric(port: u16, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    c.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .ok()?;
+    let mut page = String::new();
+    c.read_to_string(&mut page).ok()?;
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 impl Drop for Worker {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -89,19 +130,42 @@ fn session_job(memory_mb: Option<u64>) -> Job {
 pub async fn run(b: &SessionBench) -> anyhow::Result<String> {
     let redis = RedisServer::start().context("starting a private redis-server")?;
     let max = b.levels.iter().copied().max().unwrap_or(1) + 4;
-    let child = Command::new(&b.forkbox)
-        .args(["worker", "--redis", &redis.url(), "--name", "bench-node"])
-        .args(["--slots", "2", "--max-sessions", &max.to_string()])
-        .args(["--session-memory-mb", &(max as u64 * 256).to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("starting {}", b.forkbox.display()))?;
-    let _worker = Worker(child);
-    let q = Broker::connect(&redis.url())
-        .await?
-        .queue("default", QueueConfig::default())?;
+    let (max_s, mem) = (max.to_string(), (max as u64 * 256).to_string());
+    let _worker = worker(
+        b,
+        &redis.url(),
+        "bench-node",
+        "default",
+        &[
+            "--slots",
+            "2",
+            "--max-sessions",
+            &max_s,
+            "--session-memory-mb",
+            &mem,
+            "--session-pool",
+            "0",
+        ],
+    )?;
+    let port = free_port()?;
+    let addr = format!("127.0.0.1:{port}");
+    let _pooled = worker(
+        b,
+        &redis.url(),
+        "bench-pool",
+        "pooled",
+        &[
+            "--slots",
+            "2",
+            "--session-pool",
+            "1",
+            "--metrics-addr",
+            &addr,
+        ],
+    )?;
+    let broker = Broker::connect(&redis.url()).await?;
+    let q = broker.queue("default", QueueConfig::default())?;
+    let qp = broker.queue("pooled", QueueConfig::default())?;
     // The first job waits for the node to come up.
     let warm = Job {
         runtime: Some(Runtime::Python),
@@ -113,33 +177,14 @@ pub async fn run(b: &SessionBench) -> anyhow::Result<String> {
         first.is_some_and(|r| r.outcome.status == Status::Ok),
         "the worker did not run the first job"
     );
-
-    let mut baseline = Vec::new();
-    let mut create_first = Vec::new();
-    let mut opened = Vec::new();
-    let mut open_only = Vec::new();
-    for _ in 0..b.opens {
-        let t = Instant::now();
-        let id = q.enqueue(&warm).await?;
-        let r = q.wait_result(&id, Duration::from_secs(60)).await?;
-        anyhow::ensure!(
-            r.is_some_and(|r| r.outcome.status == Status::Ok),
-            "baseline job"
-        );
-        baseline.push(t.elapsed().as_secs_f64() * 1e3);
-        let t = Instant::now();
-        let s = q
-            .open_session(&session_job(None), Duration::from_secs(60))
-            .await?;
-        open_only.push(t.elapsed().as_secs_f64() * 1e3);
-        let r = call(&q, Call::run_code(&s.id, "print(1)")).await?;
-        anyhow::ensure!(r["ok"] == true, "first run_code: {r:?}");
-        create_first.push(t.elapsed().as_secs_f64() * 1e3);
-        opened.push(s.id);
-    }
-    for sid in &opened {
-        call(&q, Call::new(sid, CallOp::Kill)).await?;
-    }
+    let id = qp.enqueue(&warm).await?;
+    let first = qp.wait_result(&id, Duration::from_secs(120)).await?;
+    anyhow::ensure!(
+        first.is_some_and(|r| r.outcome.status == Status::Ok),
+        "the pooled worker did not run the first job"
+    );
+    let creates = creates(&q, &qp, &warm, b.opens).await?;
+    let from_pool = metric(port, "forkbox_sessions_from_pool_total").unwrap_or(f64::NAN);
 
     let s = q
         .open_session(&session_job(None), Duration::from_secs(60))
@@ -158,11 +203,12 @@ pub async fn run(b: &SessionBench) -> anyhow::Result<String> {
 
     let capacity = capacity(&q, b).await?;
     let (base, cf, rt, oo) = (
-        summary(baseline),
-        summary(create_first),
+        summary(creates.baseline),
+        summary(creates.create_first),
         summary(round_trip),
-        summary(open_only),
+        summary(creates.open_only),
     );
+    let (pf, po) = (summary(creates.pooled_first), summary(creates.pooled_open));
     let mut out = String::new();
     out.push_str(&format!(
         "| Measure | p50 ms | p99 ms | n | ratio to the baseline's p50 |\n\
@@ -170,11 +216,22 @@ pub async fn run(b: &SessionBench) -> anyhow::Result<String> {
          | baseline: one-shot job `python3 -c 'print(1)'`, warm runtime, enqueue → result | {:.2} | {:.2} | {} | 1.00 |\n\
          | session create → first `run_code(\"print(1)\")` result | {:.2} | {:.2} | {} | {:.2} |\n\
          | of which create → opened (the create job's result) | {:.2} | {:.2} | {} | {:.2} |\n\
+         | with `--session-pool 1`: create → first `run_code(\"print(1)\")` result | {:.2} | {:.2} | {} | {:.2} |\n\
+         | of which create → opened | {:.2} | {:.2} | {} | {:.2} |\n\
          | `run_code(\"x + 1\")` round trip | {:.2} | {:.2} | {} | {:.2} |\n\n",
         base.p50, base.p99, base.n,
         cf.p50, cf.p99, cf.n, cf.p50 / base.p50,
         oo.p50, oo.p99, oo.n, oo.p50 / base.p50,
+        pf.p50, pf.p99, pf.n, pf.p50 / base.p50,
+        po.p50, po.p99, po.n, po.p50 / base.p50,
         rt.p50, rt.p99, rt.n, rt.p50 / base.p50,
+    ));
+    out.push_str(&format!(
+        "With the pool, create → first result against without: {:.2}× at p50; {} of {} creates \
+         took a prepared sandbox.\n\n",
+        pf.p50 / cf.p50,
+        from_pool,
+        pf.n
     ));
     out.push_str(&format!(
         "Idle session memory (its sandbox's processes, `info.memory_kb`): {:.1} MiB.\n\n",
@@ -197,6 +254,53 @@ pub async fn run(b: &SessionBench) -> anyhow::Result<String> {
         "\nLargest count measured with run_code p99 within 10 ms: {held}.\n"
     ));
     Ok(out)
+}
+
+/// Samples of the baseline and of create → first result, with and without the pool.
+#[derive(Default)]
+struct Creates {
+    baseline: Vec<f64>,
+    create_first: Vec<f64>,
+    open_only: Vec<f64>,
+    pooled_first: Vec<f64>,
+    pooled_open: Vec<f64>,
+}
+
+/// `opens` rounds, each: the one-shot baseline on `q`, a create and its first `run_code` on
+/// `q` (no pool), then the same on `qp` (the node with the pool).
+async fn creates(q: &Queue, qp: &Queue, warm: &Job, opens: usize) -> anyhow::Result<Creates> {
+    let mut c = Creates::default();
+    for _ in 0..opens {
+        let t = Instant::now();
+        let id = q.enqueue(warm).await?;
+        let r = q.wait_result(&id, Duration::from_secs(60)).await?;
+        anyhow::ensure!(
+            r.is_some_and(|r| r.outcome.status == Status::Ok),
+            "baseline job"
+        );
+        c.baseline.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        let s = q
+            .open_session(&session_job(None), Duration::from_secs(60))
+            .await?;
+        c.open_only.push(t.elapsed().as_secs_f64() * 1e3);
+        let r = call(q, Call::run_code(&s.id, "print(1)")).await?;
+        anyhow::ensure!(r["ok"] == true, "first run_code: {r:?}");
+        c.create_first.push(t.elapsed().as_secs_f64() * 1e3);
+        call(q, Call::new(&s.id, CallOp::Kill)).await?;
+        // The same on the node that keeps a session sandbox ready; it refills while the
+        // next round's other measures run. Each session is ended once measured.
+        let t = Instant::now();
+        let s = qp
+            .open_session(&session_job(None), Duration::from_secs(60))
+            .await?;
+        c.pooled_open.push(t.elapsed().as_secs_f64() * 1e3);
+        let r = call(qp, Call::run_code(&s.id, "print(1)")).await?;
+        anyhow::ensure!(r["ok"] == true, "first run_code (pooled): {r:?}");
+        c.pooled_first.push(t.elapsed().as_secs_f64() * 1e3);
+        call(qp, Call::new(&s.id, CallOp::Kill)).await?;
+    }
+    Ok(c)
 }
 
 /// Opens sessions of 256 MiB up to each level and calls each in turn, `rounds` times.

@@ -11,7 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use forkbox::sandbox::{
-    Engine, EngineConfig, ForkError, PythonRuntime, PythonSettings, SandboxSession, SessionSpec,
+    Engine, EngineConfig, ForkError, OpenError, PythonRuntime, PythonSettings, SandboxSession,
+    SessionSpec,
 };
 use forkbox_queue::schema::{FileData, Limits, Runtime};
 use serde_json::{json, Value};
@@ -285,6 +286,18 @@ async fn a_session_outside_the_warm_runtime_is_refused_by_name() {
     // The parent is untouched.
     assert_eq!(value(&mut parent, "1 + 1").await, "2");
     parent.kill().await;
+}
+
+/// The branch's wait for the copy is the node's to ask for: a session whose own environment
+/// names it is refused before any sandbox is made (else its kernel would wait stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_cannot_ask_for_a_branchs_wait_itself() {
+    let engine = tokio::task::spawn_blocking(engine).await.unwrap();
+    let mut asked = spec();
+    asked.env.insert("FORKBOX_SESSION_TWIN".into(), "1".into());
+    let err = engine.open_session(asked).await.err().expect("refused");
+    assert!(matches!(err, OpenError::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("FORKBOX_SESSION_TWIN"), "{err}");
 }
 
 /// The fork, run again by `nobody`: a rootless node forks its sessions too.

@@ -124,6 +124,11 @@ pub struct WorkerSettings {
     /// Largest session.idle_s a session may ask [default: 600].
     #[arg(long, env = "FORKBOX_MAX_SESSION_IDLE", value_name = "SECS")]
     pub max_session_idle: Option<u64>,
+    /// Session sandboxes kept opened ahead of demand, of the shapes (limits, network,
+    /// runtime) creates asked for last, so a create only hands one over; they count against
+    /// --max-sessions and --session-memory-mb and give way to sessions; 0: none [default: 1].
+    #[arg(long, env = "FORKBOX_SESSION_POOL", value_name = "N")]
+    pub session_pool: Option<usize>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "FORKBOX_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -202,6 +207,7 @@ impl WorkerSettings {
             session_memory_mb,
             max_session_ttl,
             max_session_idle,
+            session_pool,
             config: _,
             sandbox,
         } = file;
@@ -231,6 +237,7 @@ impl WorkerSettings {
             session_memory_mb: self.session_memory_mb.or(session_memory_mb),
             max_session_ttl: self.max_session_ttl.or(max_session_ttl),
             max_session_idle: self.max_session_idle.or(max_session_idle),
+            session_pool: self.session_pool.or(session_pool),
             config: self.config,
             sandbox: self.sandbox.over(sandbox),
         }
@@ -285,6 +292,7 @@ impl WorkerSettings {
         set(&mut c.sessions.memory_mb, self.session_memory_mb);
         set(&mut c.sessions.ceilings.ttl_s, self.max_session_ttl);
         set(&mut c.sessions.ceilings.idle_s, self.max_session_idle);
+        set(&mut c.sessions.pool, self.session_pool);
         // A maximum below a default lowers the default, as for the limits.
         c.queue.max_attempts = c.queue.max_attempts.min(c.ceilings.max_attempts);
         c.queue.result_ttl_s = c.queue.result_ttl_s.min(c.ceilings.result_ttl_s);
@@ -488,7 +496,7 @@ mod tests {
     fn session_capacity_comes_from_flags_over_the_file() {
         let (_dir, path) = config_file(
             "max_sessions = 3\nsession_memory_mb = 1024\nmax_session_ttl = 60\n\
-             max_session_idle = 30\n",
+             max_session_idle = 30\nsession_pool = 2\n",
         );
         let c = worker_args(&["--config", &path, "--max-sessions", "5"])
             .resolve()
@@ -499,6 +507,13 @@ mod tests {
             (c.sessions.ceilings.ttl_s, c.sessions.ceilings.idle_s),
             (60, 30)
         );
+        assert_eq!(c.sessions.pool, 2);
+        let c = worker_args(&["--config", &path, "--session-pool", "0"])
+            .resolve()
+            .unwrap();
+        assert_eq!(c.sessions.pool, 0);
+        let c = worker_args(&[]).resolve().unwrap();
+        assert_eq!(c.sessions.pool, 1);
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub struct SessionSettings {
     /// The most `ttl_s` and `idle_s` a session may ask (`--max-session-ttl`,
     /// `--max-session-idle`).
     pub ceilings: forkbox_queue::session::SessionCeilings,
+    /// Session sandboxes kept opened ahead of demand (`--session-pool`), counted against
+    /// the two limits above; 0 opens each at its create.
+    pub pool: usize,
 }
 
 impl Default for SessionSettings {
@@ -83,6 +86,7 @@ impl Default for SessionSettings {
             max_sessions: 8,
             memory_mb: host_memory_mb() / 4,
             ceilings: Default::default(),
+            pool: 1,
         }
     }
 }

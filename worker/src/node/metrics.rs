@@ -45,6 +45,8 @@ pub const SESSIONS_LIVE: &str = "forkbox_sessions_live";
 pub const SESSIONS_CREATED: &str = "forkbox_sessions_created_total";
 pub const SESSIONS_ENDED: &str = "forkbox_sessions_ended_total";
 pub const SESSION_CALLS: &str = "forkbox_session_calls_total";
+pub const SESSION_POOL_READY: &str = "forkbox_session_pool_ready";
+pub const SESSIONS_FROM_POOL: &str = "forkbox_sessions_from_pool_total";
 pub const SESSION_CALL_DURATION: &str = "forkbox_session_call_seconds";
 
 /// Job wall time: 1 ms to 10 min.
@@ -146,6 +148,14 @@ fn describe() {
     describe_counter!(SESSIONS_CREATED, "Sessions this node opened.");
     describe_counter!(SESSIONS_ENDED, "Sessions this node ended, by reason.");
     describe_counter!(SESSION_CALLS, "Calls to this node's sessions, by op.");
+    describe_gauge!(
+        SESSION_POOL_READY,
+        "Session sandboxes opened ahead of demand and waiting for their session."
+    );
+    describe_counter!(
+        SESSIONS_FROM_POOL,
+        "Sessions opened by handing over a sandbox opened ahead of demand."
+    );
     describe_histogram!(
         SESSION_CALL_DURATION,
         Unit::Seconds,
@@ -185,6 +195,8 @@ pub fn register(queues: &[String], slots: usize) {
     let _ = metrics::histogram!(WATCHDOG_OVERSHOOT);
     metrics::gauge!(SESSIONS_LIVE).set(0.0);
     metrics::counter!(SESSIONS_CREATED).absolute(0);
+    metrics::gauge!(SESSION_POOL_READY).set(0.0);
+    metrics::counter!(SESSIONS_FROM_POOL).absolute(0);
     for reason in forkbox_queue::EndReason::ALL {
         metrics::counter!(SESSIONS_ENDED, "reason" => reason.as_str()).absolute(0);
     }

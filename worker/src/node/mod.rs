@@ -37,6 +37,7 @@
 //!   through Redis): opening them from their create jobs, routing calls, one task per session
 //!   owning its sandbox, and the pure pieces (capacity, output cap, clocks); `session_fork`:
 //!   a session's `fork` call (capacity, the engine's fork, the branches recorded and started).
+//!   `session_pool`: session sandboxes opened ahead of demand, within the sessions' capacity.
 //! - [`config`]: the resolved settings of a node ([`NodeConfig`]), their defaults and checks.
 //!
 //! The command-line entry points (`forkbox worker`, `up`, the client commands) live in the
@@ -63,6 +64,7 @@ pub mod reader;
 pub(crate) mod seam;
 pub(crate) mod session;
 pub(crate) mod session_fork;
+pub(crate) mod session_pool;
 pub(crate) mod session_relay;
 pub(crate) mod session_task;
 pub mod shared;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use forkbox_queue::schema::EffectiveLimits;
+use forkbox_queue::schema::{EffectiveLimits, Runtime};
 use forkbox_queue::session::{Call, ErrorReason, Event, SessionOpened};
 use forkbox_queue::{Completion, Delivery, Job, JobResult, Outcome, Queue, QueueSet, Status};
 use tokio::sync::{mpsc, watch};
@@ -24,10 +24,11 @@ use crate::node::health::{Backoff, RedisHealth};
 use crate::node::metrics as m;
 use crate::node::outbox::Outbox;
 use crate::node::session_fork::{branches_that_fit, ForkRights};
+use crate::node::session_pool::SessionPool;
 use crate::node::session_relay::capacity_refusal;
 use crate::node::session_task::{BranchSeats, Cmd, SessionTask, TaskSetup};
 use crate::node::shared::{Queued, SessionOpener, Shared};
-use crate::sandbox::{Engine, OpenError, SandboxSession, SessionSpec};
+use crate::sandbox::{Engine, OpenError, SandboxSession, SessionShape, SessionSpec};
 
 /// How long a stopping node waits for its sessions to end and be recorded.
 const STOP_WAIT: Duration = Duration::from_secs(15);
@@ -44,6 +45,8 @@ pub(crate) struct Sessions {
     max_call_timeout_ms: u64,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     stop_reading: watch::Sender<bool>,
+    /// Session sandboxes opened ahead of demand.
+    pool: Arc<SessionPool>,
 }
 
 /// One session: opening (no task yet) or live.
@@ -60,8 +63,17 @@ impl Sessions {
         queues: QueueSet,
         health: Arc<RedisHealth>,
         max_call_timeout_ms: u64,
+        defaults: EffectiveLimits,
     ) -> Sessions {
+        // The pool starts with the shape of a `python` session asking nothing of its own.
+        let default = SessionShape {
+            runtime: Some(Runtime::Python),
+            ttl_ms: sandbox_ttl_ms(&settings, settings.ceilings.ttl_s),
+            ..SessionShape::default()
+        };
+        let pool = SessionPool::new(engine.clone(), settings, (default, defaults.memory_mb));
         Sessions {
+            pool: Arc::new(pool),
             name,
             engine,
             settings,
@@ -74,12 +86,20 @@ impl Sessions {
         }
     }
 
-    /// Starts the calls readers, one per queue partition.
+    /// Starts the calls readers, one per queue partition, and the pool's filling.
     pub(crate) fn start(self: &Arc<Self>) {
         for queue in self.queues.queues() {
             let task = tokio::spawn(self.clone().read_calls(queue.clone()));
             self.tasks.lock().expect("tasks lock").push(task);
         }
+        // After the readers: its first preparation must not hold up their start.
+        let live = self.live.clone();
+        let usage = Arc::new(move || {
+            let l = live.lock().expect("live lock");
+            (l.len(), l.values().map(|e| e.memory_mb).sum())
+        });
+        let task = tokio::spawn(self.pool.clone().run(usage));
+        self.tasks.lock().expect("tasks lock").push(task);
     }
 
     async fn open_one(
@@ -116,23 +136,27 @@ impl Sessions {
             .ceilings
             .clamp_defaults(&EffectiveLimits::default());
         let limits = job.limits.resolve(&defaults);
-        if let Err(why) = self.reserve(&d.id, limits.memory_mb) {
-            return refuse(d, Status::Error, why, hold);
-        }
         let (ttl_s, idle_s) = self.settings.ceilings.resolve(&spec);
-        // The sandbox's own deadline leaves room for set_timeout to move the end later.
-        let sandbox_ttl_ms = (self.settings.ceilings.ttl_s * 2_000)
-            .max(ttl_s * 1000)
-            .min(forkbox_queue::schema::MAX_TIMEOUT_MS);
         let sandbox_spec = SessionSpec {
             limits: job.limits,
             env: job.env.clone(),
             files: job.files.clone(),
             network: job.network,
             runtime: job.runtime,
-            ttl_ms: sandbox_ttl_ms,
+            ttl_ms: sandbox_ttl_ms(&self.settings, ttl_s),
         };
-        let opened = self.engine.open_session(sandbox_spec.clone()).await;
+        let shape = SessionShape::of(&sandbox_spec);
+        let prepared = shape.as_ref().and_then(|s| self.pool.take(s));
+        if let Err(why) = self.reserve(&d.id, limits.memory_mb) {
+            if let Some(p) = prepared {
+                tokio::spawn(p.discard());
+            }
+            return refuse(d, Status::Error, why, hold);
+        }
+        let (opened, sandbox_deadline) = self.open_sandbox(&d.id, prepared, &sandbox_spec).await;
+        if let Some(shape) = shape {
+            self.pool.want(shape, limits.memory_mb);
+        }
         let session = match opened {
             Ok(s) => s,
             Err(e) => {
@@ -150,8 +174,9 @@ impl Sessions {
             idle_s,
             output_bytes: limits.output_bytes,
             memory_mb: limits.memory_mb,
-            sandbox_ttl_ms,
+            sandbox_ttl_ms: sandbox_spec.ttl_ms,
             fork: (Arc::downgrade(self), sandbox_spec),
+            sandbox_deadline,
         };
         // Calls may come as soon as the record is stored: they wait in the channel.
         let (tx, rx) = mpsc::unbounded_channel();
@@ -257,7 +282,7 @@ impl Sessions {
             output_bytes: open.output_bytes,
             memory_mb: open.memory_mb,
             runtime: runtime.to_owned(),
-            sandbox_deadline: Instant::now() + Duration::from_millis(open.sandbox_ttl_ms),
+            sandbox_deadline: open.sandbox_deadline,
             ceilings: self.settings.ceilings,
             health: self.health.clone(),
         })
@@ -286,15 +311,40 @@ impl Sessions {
 
     /// A function that forgets a session once its task ended (its capacity released).
     fn live_handle(&self) -> impl Fn(&str) + Send + 'static {
-        let live = self.live.clone();
+        let (live, pool) = (self.live.clone(), self.pool.clone());
         move |sid: &str| {
             let mut l = live.lock().expect("live lock");
             l.remove(sid);
             ::metrics::gauge!(m::SESSIONS_LIVE).set(l.len() as f64);
+            drop(l);
+            pool.notify();
         }
     }
 
-    /// Reserves room for a session of `memory_mb`, or says which limit refuses it.
+    /// Opens the session's sandbox, from `prepared` when there is one (fresh when its
+    /// hand-over fails), and says when its watchdog ends it at the latest.
+    async fn open_sandbox(
+        &self,
+        sid: &str,
+        prepared: Option<crate::sandbox::PreparedSession>,
+        spec: &SessionSpec,
+    ) -> (Result<SandboxSession, OpenError>, Instant) {
+        if let Some(p) = prepared {
+            let deadline = p.deadline();
+            match p.hand_over(&self.engine, spec).await {
+                Ok(s) => {
+                    ::metrics::counter!(m::SESSIONS_FROM_POOL).increment(1);
+                    return (Ok(s), deadline);
+                }
+                Err(e) => tracing::info!("session {sid}: opened fresh: {e}"),
+            }
+        }
+        let deadline = Instant::now() + Duration::from_millis(spec.ttl_ms);
+        (self.engine.open_session(spec.clone()).await, deadline)
+    }
+
+    /// Reserves room for a session of `memory_mb`, or says which limit refuses it; prepared
+    /// sandboxes give up the room it needs.
     fn reserve(&self, sid: &str, memory_mb: u64) -> Result<(), String> {
         let mut live = self.live.lock().expect("live lock");
         let used: u64 = live.values().map(|e| e.memory_mb).sum();
@@ -302,6 +352,7 @@ impl Sessions {
         {
             return Err(why);
         }
+        self.pool.make_room(live.len() + 1, used + memory_mb);
         live.insert(
             sid.to_owned(),
             Entry {
@@ -317,6 +368,8 @@ impl Sessions {
         let mut live = self.live.lock().expect("live lock");
         live.remove(sid);
         ::metrics::gauge!(m::SESSIONS_LIVE).set(live.len() as f64);
+        drop(live);
+        self.pool.notify();
     }
 
     /// Reads this node's calls on `queue` (one partition) until the node stops.
@@ -416,6 +469,7 @@ impl Sessions {
     /// removes its heartbeat.
     pub(crate) async fn stop_all(&self) {
         let _ = self.stop_reading.send(true);
+        self.pool.stop().await;
         let tasks: Vec<_> = {
             let live = self.live.lock().expect("live lock");
             for e in live.values() {
@@ -498,9 +552,21 @@ struct Opening<'a> {
     idle_s: u64,
     output_bytes: u64,
     memory_mb: u64,
+    /// The sandbox's own deadline from its start, in ms (a branch's counts from its fork).
     sandbox_ttl_ms: u64,
     /// What the session's task needs to fork it.
     fork: (std::sync::Weak<Sessions>, SessionSpec),
+    /// When the sandbox's watchdog ends it at the latest.
+    sandbox_deadline: Instant,
+}
+
+/// The deadline of a session's sandbox: its ttl's ceiling twice, so that `set_timeout` can
+/// move the session's end later, and a prepared sandbox that waited up to the ceiling still
+/// outlives any session's ttl.
+fn sandbox_ttl_ms(settings: &SessionSettings, ttl_s: u64) -> u64 {
+    (settings.ceilings.ttl_s * 2_000)
+        .max(ttl_s * 1000)
+        .min(forkbox_queue::schema::MAX_TIMEOUT_MS)
 }
 
 /// A create job's `ok` outcome: nothing ran but the session's sandbox.

@@ -160,7 +160,7 @@ mod tests {
         let s = SessionSettings {
             max_sessions: 2,
             memory_mb: 1000,
-            ceilings: Default::default(),
+            ..SessionSettings::default()
         };
         assert_eq!(capacity_refusal(&s, "n", 1, 500, 500), None);
         let full = capacity_refusal(&s, "n", 2, 0, 1).unwrap();

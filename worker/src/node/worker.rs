@@ -132,6 +132,11 @@ impl Node {
             set.clone(),
             health.clone(),
             parts.shared.config.ceilings.timeout_ms,
+            parts
+                .shared
+                .config
+                .ceilings
+                .clamp_defaults(&forkbox_queue::schema::EffectiveLimits::default()),
         ));
         sessions.start();
         let opener: Arc<dyn crate::node::shared::SessionOpener> = sessions.clone();

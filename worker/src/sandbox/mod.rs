@@ -40,6 +40,7 @@ pub use engine::run::{RunEnd, Slot};
 pub use engine::session::{
     EndReason, OpenError, SandboxSession, SessionEnd, SessionSpec, SessionUsage, MAX_FRAME,
 };
+pub use engine::session_ahead::{PreparedSession, SessionShape};
 pub use engine::session_fork::{ForkError, ForkedBranch, SessionFork};
 pub use engine::start::{
     default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms,

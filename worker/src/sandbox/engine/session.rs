@@ -42,6 +42,10 @@ use crate::sandbox::kernel::clock::mono_ns;
 use crate::sandbox::process::wire::ToZygote;
 use crate::sandbox::runtime::session::SUPERVISOR_SOURCE;
 
+/// Set in a fork's branch sandbox for its supervisor: its first kernel waits stopped for the
+/// twin copy. Refused in a session's own environment.
+pub(super) const TWIN_ENV: &str = "FORKBOX_SESSION_TWIN";
+
 /// The largest frame either side may send, in bytes (the length prefix excluded).
 pub const MAX_FRAME: usize = 1024 * 1024;
 
@@ -216,45 +220,44 @@ impl Engine {
     /// `python`, else the plain one, running `python3` from the root) whose program is the
     /// session supervisor, and waits for the supervisor's hello. Takes no slot.
     pub async fn open_session(&self, spec: SessionSpec) -> Result<SandboxSession, OpenError> {
+        self.open_session_as(spec, false).await
+    }
+
+    /// [`Engine::open_session`], or with `twin` a branch's sandbox of a fork, whose first
+    /// kernel waits stopped for the copy (set here, after the spec's checks, so that no
+    /// session's own environment can ask for it).
+    pub(super) async fn open_session_as(
+        &self,
+        spec: SessionSpec,
+        twin: bool,
+    ) -> Result<SandboxSession, OpenError> {
         let engine = match (spec.runtime, &self.runtime) {
             (Some(_), Some(runtime)) => runtime.as_ref().clone(),
             _ => self.clone(),
         };
-        let job = engine.session_job(&spec)?;
+        let mut job = engine.session_job(&spec)?;
+        if twin {
+            job.env.insert(TWIN_ENV.into(), "1".into());
+        }
         let limits = job.limits.resolve(&engine.inner.config.defaults);
         if let Some(refused) = files_past_disk(&job, &limits) {
             return Err(OpenError::Invalid(refused.error.unwrap_or_default()));
         }
-        let mut session = engine
+        let session = engine
             .start_session(&job, limits)
             .map_err(|e| OpenError::Failed(e.to_string()))?;
-        let first = tokio::time::timeout(HELLO_WAIT, session.recv()).await;
-        let hello = match first {
-            Ok(Ok(frame)) => serde_json::from_slice::<serde_json::Value>(&frame)
-                .ok()
-                .filter(|v| v["kind"] == "ready"),
-            Ok(Err(end)) => return Err(OpenError::Failed(end.message())),
-            Err(_) => None,
-        };
-        match hello {
-            Some(hello) => {
-                session.hello = hello;
-                Ok(session)
-            }
-            None => {
-                let end = session.kill().await;
-                Err(OpenError::Failed(format!(
-                    "the session's supervisor did not say it was ready ({})",
-                    end.message()
-                )))
-            }
-        }
+        session.hello_awaited().await
     }
 
     /// The job a session's sandbox runs: the supervisor, with the spec's limits, files,
     /// environment and network, and its ttl as the deadline; checked as any job is, but
     /// against the node's job timeout only by the node (its session ttl ceiling is its own).
-    fn session_job(&self, spec: &SessionSpec) -> Result<Job, OpenError> {
+    pub(super) fn session_job(&self, spec: &SessionSpec) -> Result<Job, OpenError> {
+        if spec.env.contains_key(TWIN_ENV) {
+            return Err(OpenError::Invalid(format!(
+                "env: {TWIN_ENV} is reserved for the node (a fork's branches)"
+            )));
+        }
         let job = Job {
             argv: Some(vec![
                 "python3".into(),
@@ -293,7 +296,7 @@ impl Engine {
 
     /// The sandbox and its watch: the job path's payload and hand-over with the session's
     /// own descriptors, then a task that watches it to its end as a run's event loop does.
-    fn start_session(
+    pub(super) fn start_session(
         &self,
         job: &Job,
         limits: EffectiveLimits,
@@ -538,6 +541,31 @@ fn check_frame(frame: &[u8]) -> Result<(), String> {
 }
 
 impl SandboxSession {
+    /// The session once its supervisor said it is ready (its hello kept), or why not.
+    pub(super) async fn hello_awaited(mut self) -> Result<SandboxSession, OpenError> {
+        let first = tokio::time::timeout(HELLO_WAIT, self.recv()).await;
+        let hello = match first {
+            Ok(Ok(frame)) => serde_json::from_slice::<serde_json::Value>(&frame)
+                .ok()
+                .filter(|v| v["kind"] == "ready"),
+            Ok(Err(end)) => return Err(OpenError::Failed(end.message())),
+            Err(_) => None,
+        };
+        match hello {
+            Some(hello) => {
+                self.hello = hello;
+                Ok(self)
+            }
+            None => {
+                let end = self.kill().await;
+                Err(OpenError::Failed(format!(
+                    "the session's supervisor did not say it was ready ({})",
+                    end.message()
+                )))
+            }
+        }
+    }
+
     /// Sends one frame (a call's JSON, at most [`MAX_FRAME`] bytes) to the supervisor.
     pub async fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
         write_frame(&self.to_supervisor, frame).await

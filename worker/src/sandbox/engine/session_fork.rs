@@ -37,9 +37,6 @@ use crate::sandbox::process::twin::{make_twin_keeping, TwinError, TwinLimits, Tw
 /// `session_supervisor.py`): the twin keeps its own there.
 const KERNEL_OWN_FDS: [i32; 2] = [3, 4];
 
-/// Set for a branch's supervisor: its first kernel waits for the copy.
-const TWIN_ENV: &str = "FORKBOX_SESSION_TWIN";
-
 /// How long the parent's freeze and a branch's join may take (the supervisor's own bound is
 /// 30 s; this is the node's, past it).
 const CALL_WAIT: Duration = Duration::from_secs(40);
@@ -185,11 +182,10 @@ impl Engine {
         let mut branch = spec.clone();
         // The parent's disk is copied in whole; its spec's files would only be overwritten.
         branch.files.clear();
-        branch.env.insert(TWIN_ENV.into(), "1".into());
         let handles: Vec<_> = (0..n)
             .map(|_| {
                 let (engine, spec) = (self.clone(), branch.clone());
-                tokio::spawn(async move { engine.open_session(spec).await })
+                tokio::spawn(async move { engine.open_session_as(spec, true).await })
             })
             .collect();
         let mut out = Vec::with_capacity(n);

@@ -316,6 +316,11 @@ def kernel_main(ctrl_r, ctrl_w, twin=False):
             continue
         reap_frozen()
         for req in frames:
+            if "env" in req:
+                # A prepared session's environment, before any cell (see Supervisor.setup);
+                # unanswered: the cells that follow on this pipe come after it.
+                os.environ.update(req["env"])
+                continue
             if req.get("fork"):
                 reply = fork_frozen(count)
             else:
@@ -572,7 +577,11 @@ class Stream:
 
 
 class Supervisor:
-    def __init__(self):
+    def __init__(self, prepared=False):
+        # A prepared supervisor was started ahead of its session, with none of the session's
+        # environment or files: its first call must be `setup`, and no other call is served
+        # before it.
+        self.awaiting_setup = prepared
         # The protocol's descriptors move above 2, out of every child's reach (close-on-exec,
         # and closed in the kernel); stdio becomes /dev/null in, diagnostics out.
         self.calls_fd = os.dup(0)
@@ -651,7 +660,10 @@ class Supervisor:
         try:
             if not isinstance(cid, str):
                 raise CallError("the call has no id")
+            if (op == "setup") != self.awaiting_setup:
+                raise CallError("setup: only the first call of a prepared session" if op == "setup" else "the session is not set up")
             handler = {
+                "setup": self.setup,
                 "run_code": self.run_code,
                 "exec": self.exec_call,
                 "files_write": files_write,
@@ -673,10 +685,29 @@ class Supervisor:
             result = {"ok": False, "error": "%s: %s" % (type(e).__name__, e)}
         result.setdefault("cpu_ms", int(children_cpu_ms() - cpu0))
         result["wall_ms"] = int((time.monotonic() - started) * 1000)
-        result["session_memory_kb"] = session_memory_kb()
+        # The setup's answer goes to the engine alone, which has no use for it.
+        if op != "setup":
+            result["session_memory_kb"] = session_memory_kb()
         result["kind"] = "result"
         result["call"] = cid
         self.emit(fit(result))
+
+    def setup(self, call):
+        """What a fresh session has at its start, given to a prepared one: its environment
+        (here and in the kernel, which has run no cell yet) and its files under /work."""
+        env = call.get("env") or {}
+        files = call.get("files") or {}
+        if not (isinstance(env, dict) and all(isinstance(v, str) for v in env.values())):
+            raise CallError("setup: env is an object of strings")
+        if not isinstance(files, dict):
+            raise CallError("setup: files is an object")
+        # A kernel forked later (one replacing this one) inherits it from here.
+        os.environ.update(env)
+        write_all(self.kernel.to, encode_frame({"env": env}))
+        for path, data in files.items():
+            write_setup_file(path, data)
+        self.awaiting_setup = False
+        return {}
 
     def info(self, call):
         return {"info": {"execution_count": self.kernel.count, "memory_kb": session_memory_kb(), "python": sys.version.split()[0], "kernel_pid": self.kernel.pid}}
@@ -915,6 +946,22 @@ class Supervisor:
         return result
 
 
+def write_setup_file(path, data):
+    """One of a session's files, written as the launcher writes a fresh session's: parents
+    made, the file created or truncated with the process's umask."""
+    full = confined(path)
+    raw = data_bytes(data, "files.%s" % path)
+    try:
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            write_all(fd, raw)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise os_error(e, "files.%s" % path)
+
+
 def pump(fd, stream):
     """Moves what a pipe holds into its stream; False once it is closed."""
     while True:
@@ -969,4 +1016,8 @@ def fit(result):
 
 
 if __name__ == "__main__":
-    Supervisor().serve()
+    # `--prepared`: started ahead of its session (engine/session_ahead.rs); the argument is
+    # the engine's, not the session's, so its code sees the argv a fresh session's does.
+    prepared = sys.argv[1:] == ["--prepared"]
+    del sys.argv[1:]
+    Supervisor(prepared).serve()
