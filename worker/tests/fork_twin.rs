@@ -6,14 +6,12 @@
 
 mod sandbox_support;
 
-use std::process::Command;
 use std::time::Duration;
 
-use forkbox::sandbox::{
-    make_twin, Engine, EngineConfig, PythonRuntime, PythonSettings, TwinError, TwinLimits,
-};
+use forkbox::sandbox::{make_twin, Engine, TwinError, TwinLimits};
 use forkbox_queue::schema::{FileData, Job, Outcome, Runtime};
 use nix::unistd::Pid;
+use sandbox_support::session::{warm_engine, zygote};
 use serde_json::Value;
 
 /// Job A: the session's state, then a branch that stops itself and, once continued (as F or
@@ -131,19 +129,7 @@ fn stopped(comm: &str) -> Option<Pid> {
 }
 
 fn engine() -> Engine {
-    let zygote =
-        std::env::var("FORKBOX_TWIN_ZYGOTE").unwrap_or_else(|_| sandbox_support::BIN.into());
-    let engine = Engine::start(EngineConfig {
-        zygote_exe: zygote.into(),
-        slots: 2,
-        python: Some(PythonSettings::default()),
-        ..EngineConfig::default()
-    })
-    .expect("engine");
-    if let PythonRuntime::Unavailable(why) = &engine.mechanisms().python {
-        panic!("the warm runtime is unavailable on this host: {why}");
-    }
-    engine
+    warm_engine(&zygote("FORKBOX_TWIN_ZYGOTE"), 2)
 }
 
 fn lines(o: &Outcome) -> Vec<Value> {
@@ -270,51 +256,11 @@ fn skip_identical() -> bool {
 /// the copy needs (it owns the user namespace above every sandbox of its zygote).
 #[test]
 fn a_twin_is_made_by_a_rootless_node() {
-    if !sandbox_support::is_root() {
-        forkbox_testkit::skipped(
-            "the rootless variant runs from root (tests already run unprivileged)",
-        );
-        return;
-    }
-    let me = std::env::current_exe().unwrap();
-    let dir = std::env::temp_dir().join(format!("forkbox-twin-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let copy = dir.join("fork_twin");
-    std::fs::copy(&me, &copy).unwrap();
-    for p in [&dir, &copy] {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    }
-    let zygote = format!(
-        "FORKBOX_TWIN_ZYGOTE={}",
-        sandbox_support::unprivileged_bin().display()
-    );
-    let out = Command::new("runuser")
-        .args([
-            "-u",
-            "nobody",
-            "--",
-            "env",
-            &zygote,
-            "FORKBOX_TWIN_SKIP_IDENTICAL=1",
-        ])
-        .arg(&copy)
-        .args([
-            "--exact",
-            "a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox",
-        ])
-        .args(["--nocapture", "--test-threads", "1"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "as nobody:\n{text}"
+    sandbox_support::session::rerun_as_nobody(
+        "fork_twin",
+        "FORKBOX_TWIN_ZYGOTE",
+        &["FORKBOX_TWIN_SKIP_IDENTICAL=1"],
+        &["a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox"],
     );
 }
 

@@ -10,24 +10,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use forkbox::sandbox::{
-    Engine, EngineConfig, OpenError, PreparedSession, PythonRuntime, PythonSettings,
-    SandboxSession, SessionShape, SessionSpec,
+    Engine, OpenError, PreparedSession, SandboxSession, SessionShape, SessionSpec,
 };
 use forkbox_queue::schema::{FileData, Limits, Runtime};
+use sandbox_support::session::{assert_unseen_by, call, run, warm_engine};
 use serde_json::{json, Value};
 
 fn engine() -> Engine {
-    let engine = Engine::start(EngineConfig {
-        zygote_exe: sandbox_support::BIN.into(),
-        slots: 2,
-        python: Some(PythonSettings::default()),
-        ..EngineConfig::default()
-    })
-    .expect("engine");
-    if let PythonRuntime::Unavailable(why) = &engine.mechanisms().python {
-        panic!("the warm runtime is unavailable on this host: {why}");
-    }
-    engine
+    warm_engine(sandbox_support::BIN, 2)
 }
 
 /// A spec with an environment, text and binary files in a subdirectory, and limits of its
@@ -62,36 +52,6 @@ async fn prepare(engine: &Engine, spec: &SessionSpec) -> PreparedSession {
     engine.prepare_session(shape).await.expect("prepared")
 }
 
-static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// Sends `call` (with a fresh id) and returns its result.
-async fn call(session: &mut SandboxSession, mut call: Value) -> Value {
-    let id = format!(
-        "c{}",
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    call["id"] = json!(id);
-    session
-        .send(&serde_json::to_vec(&call).unwrap())
-        .await
-        .expect("send");
-    loop {
-        let frame = tokio::time::timeout(Duration::from_secs(60), session.recv())
-            .await
-            .expect("an answer within 60 s")
-            .unwrap_or_else(|end| panic!("session ended: {}", end.message()));
-        let event: Value = serde_json::from_slice(&frame).unwrap();
-        if event["kind"] == "result" || event["kind"] == "error" {
-            assert_eq!(event["call"], json!(id), "{event}");
-            return event;
-        }
-    }
-}
-
-async fn run(session: &mut SandboxSession, code: &str) -> Value {
-    call(session, json!({"op": "run_code", "code": code})).await
-}
-
 /// What a session's code can see of how it started, as text: its first cell's number, the
 /// environment, argv, working directory and umask, `/work` (paths, modes, bytes), its
 /// resource limits, open descriptors, and what its exec'd children see.
@@ -120,7 +80,8 @@ um = os.umask(0); os.umask(um)
         session,
         json!({"op": "exec", "cmd": "env | sort; umask; ls -la /work"}),
     )
-    .await;
+    .await
+    .result;
     assert_eq!(exec["exit_code"], 0, "{exec}");
     (
         first["execution_count"].clone(),
@@ -167,7 +128,8 @@ async fn a_prepared_session_starts_as_a_fresh_one_does() {
         &mut handed,
         json!({"op": "setup", "env": {"GREETING": "x"}}),
     )
-    .await;
+    .await
+    .result;
     assert_eq!(again["ok"], false, "{again}");
     let r = run(&mut handed, "import os; os.environ['GREETING']").await;
     assert_eq!(r["text"], "'hello there'", "{r}");
@@ -176,7 +138,8 @@ async fn a_prepared_session_starts_as_a_fresh_one_does() {
         &mut handed,
         json!({"op": "exec", "cmd": "for i in $(seq 40); do sleep 5 & done; wait", "timeout_ms": 20000}),
     )
-    .await;
+    .await
+    .result;
     assert!(
         r["stderr"].as_str().unwrap_or_default().contains("fork")
             || r["stderr"]
@@ -197,27 +160,12 @@ async fn sessions_from_prepared_sandboxes_of_one_shape_see_nothing_of_each_other
     spec_b.env.insert("GREETING".into(), "b's".into());
     spec_b.files.remove("main.py");
     let mut b = b.hand_over(&engine, &spec_b).await.expect("b");
-    call(
-        &mut a,
-        json!({"op": "files_write", "path": "secret", "data": "a's"}),
-    )
-    .await;
-    run(
-        &mut a,
-        "import subprocess\np = subprocess.Popen(['sleep', '777'])\nsecret = 1",
-    )
-    .await;
-    let r = call(&mut b, json!({"op": "files_read", "path": "secret"})).await;
+    assert_unseen_by(&mut a, &mut b).await;
+    run(&mut a, "secret = 1").await;
+    let r = call(&mut b, json!({"op": "files_read", "path": "main.py"}))
+        .await
+        .result;
     assert_eq!(r["ok"], false, "{r}");
-    let r = call(&mut b, json!({"op": "files_read", "path": "main.py"})).await;
-    assert_eq!(r["ok"], false, "{r}");
-    let seen = "import os\nany(b'777' in open('/proc/%s/cmdline' % p, 'rb').read() for p in os.listdir('/proc') if p.isdigit())";
-    assert_eq!(run(&mut b, seen).await["text"], "False");
-    assert_eq!(
-        run(&mut a, seen).await["text"],
-        "True",
-        "the check can fail"
-    );
     let r = run(&mut b, "('secret' in globals(), os.environ['GREETING'])").await;
     assert_eq!(r["text"], "(False, \"b's\")", "{r}");
     let r = run(&mut a, "os.environ['GREETING']").await;

@@ -8,18 +8,13 @@ mod node_support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use forkbox_queue::session::{Call, CallOp, Event, SessionSpec};
-use forkbox_queue::{FileData, Job, Limits, Queue, Runtime, SessionError, SessionOpened, Status};
+use forkbox_queue::session::{Call, CallOp};
+use forkbox_queue::{FileData, Job, Limits, Queue, SessionError, SessionOpened, Status};
 use node_support::*;
 use serde_json::Value;
 
 fn create(env: &[(&str, &str)], files: &[(&str, &str)]) -> Job {
     Job {
-        session: Some(SessionSpec {
-            ttl_s: Some(120),
-            idle_s: Some(60),
-        }),
-        runtime: Some(Runtime::Python),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -28,25 +23,16 @@ fn create(env: &[(&str, &str)], files: &[(&str, &str)]) -> Job {
             .iter()
             .map(|(k, v)| (k.to_string(), FileData::Text(v.to_string())))
             .collect::<BTreeMap<_, _>>(),
-        ..Job::default()
+        ..session_job()
     }
 }
 
 async fn open(q: &Queue, job: &Job) -> SessionOpened {
-    q.open_session(job, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("session opens: {e}"))
+    open_session(q, job).await
 }
 
 async fn result(q: &Queue, call: Call) -> serde_json::Map<String, Value> {
-    let end = q
-        .call_session(&call, Duration::from_secs(30), &mut |_| {})
-        .await
-        .unwrap_or_else(|e| panic!("call {:?}: {e}", call.op));
-    match end {
-        Event::Result(r) => r,
-        other => panic!("not a result: {other:?}"),
-    }
+    session_result(q, call, Duration::from_secs(30)).await
 }
 
 async fn run_code(q: &Queue, sid: &str, code: &str) -> serde_json::Map<String, Value> {
@@ -55,11 +41,8 @@ async fn run_code(q: &Queue, sid: &str, code: &str) -> serde_json::Map<String, V
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_create_takes_a_prepared_sandbox_and_starts_as_a_fresh_session() {
-    let server = start_redis();
-    let mut w = WorkerProc::start(&server.url(), "ahead-node-1", &["--slots", "2"]);
-    w.wait_ready();
+    let (_server, mut w, q) = session_node("ahead-node-1", &["--slots", "2"]).await;
     let metrics = w.metrics_addr();
-    let q = queue(&server.url(), "default").await;
     metric_reaches(metrics, "forkbox_session_pool_ready", &[], 1.0);
 
     let a = open(
@@ -105,15 +88,9 @@ async fn a_create_takes_a_prepared_sandbox_and_starts_as_a_fresh_session() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_pool_gives_way_to_sessions_and_a_stop_leaves_no_process() {
-    let server = start_redis();
-    let mut w = WorkerProc::start(
-        &server.url(),
-        "ahead-node-2",
-        &["--slots", "1", "--max-sessions", "1"],
-    );
-    w.wait_ready();
+    let (_server, mut w, q) =
+        session_node("ahead-node-2", &["--slots", "1", "--max-sessions", "1"]).await;
     let metrics = w.metrics_addr();
-    let q = queue(&server.url(), "default").await;
     metric_reaches(metrics, "forkbox_session_pool_ready", &[], 1.0);
 
     // The pool's sandbox is the one session's room: a create takes it, a second is refused.

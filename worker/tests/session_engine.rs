@@ -5,30 +5,16 @@
 mod sandbox_support;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
-use forkbox::sandbox::{
-    EndReason, Engine, EngineConfig, PythonRuntime, PythonSettings, SandboxSession, SessionSpec,
-};
+use forkbox::sandbox::{EndReason, Engine, SandboxSession, SessionSpec};
 use forkbox_queue::schema::{Job, Limits, Runtime, Status};
+use sandbox_support::session::{assert_no_space, assert_unseen_by, call, run, warm_engine, zygote};
 use serde_json::{json, Value};
 
 fn engine() -> Engine {
     // The rootless re-run below names a copy of the binary that `nobody` can execute.
-    let zygote =
-        std::env::var("FORKBOX_SESSION_ZYGOTE").unwrap_or_else(|_| sandbox_support::BIN.into());
-    let engine = Engine::start(EngineConfig {
-        zygote_exe: zygote.into(),
-        slots: 2,
-        python: Some(PythonSettings::default()),
-        ..EngineConfig::default()
-    })
-    .expect("engine");
-    if let PythonRuntime::Unavailable(why) = &engine.mechanisms().python {
-        panic!("the warm runtime is unavailable on this host: {why}");
-    }
-    engine
+    warm_engine(&zygote("FORKBOX_SESSION_ZYGOTE"), 2)
 }
 
 fn spec() -> SessionSpec {
@@ -41,59 +27,6 @@ fn spec() -> SessionSpec {
 
 async fn open(engine: &Engine, spec: SessionSpec) -> SandboxSession {
     engine.open_session(spec).await.expect("session opens")
-}
-
-/// What one call produced: its streamed events and its terminal result.
-struct Answer {
-    events: Vec<Value>,
-    result: Value,
-}
-
-impl Answer {
-    fn streamed(&self, kind: &str) -> String {
-        self.events
-            .iter()
-            .filter(|e| e["kind"] == kind)
-            .map(|e| e["data"].as_str().unwrap_or_default().to_owned())
-            .collect()
-    }
-}
-
-static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// Sends `call` (with a fresh id) and reads its events up to its result.
-async fn call(session: &mut SandboxSession, mut call: Value) -> Answer {
-    let id = format!(
-        "c{}",
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    call["id"] = json!(id);
-    session
-        .send(&serde_json::to_vec(&call).unwrap())
-        .await
-        .expect("send");
-    let mut events = Vec::new();
-    loop {
-        let frame = tokio::time::timeout(Duration::from_secs(60), session.recv())
-            .await
-            .expect("an answer within 60 s")
-            .unwrap_or_else(|end| panic!("session ended: {}", end.message()));
-        let event: Value = serde_json::from_slice(&frame).unwrap();
-        assert_eq!(event["call"], json!(id), "{event}");
-        if event["kind"] == "result" || event["kind"] == "error" {
-            return Answer {
-                events,
-                result: event,
-            };
-        }
-        events.push(event);
-    }
-}
-
-async fn run(session: &mut SandboxSession, code: &str) -> Value {
-    call(session, json!({"op": "run_code", "code": code}))
-        .await
-        .result
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -508,14 +441,7 @@ async fn a_disk_filled_over_calls_gives_enospc() {
         "{i} files, {full} bytes"
     );
     let r = run(&mut s, "open('g', 'wb').write(b'y' * (3 << 20))").await;
-    assert_eq!(r["exception"]["name"], "OSError", "{r}");
-    assert!(
-        r["exception"]["value"]
-            .as_str()
-            .unwrap()
-            .contains("No space left"),
-        "{r}"
-    );
+    assert_no_space(&r);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -559,27 +485,7 @@ async fn two_sessions_see_neither_files_nor_processes_of_the_other() {
     let engine = engine();
     let mut a = open(&engine, spec()).await;
     let mut b = open(&engine, spec()).await;
-    call(
-        &mut a,
-        json!({"op": "files_write", "path": "secret", "data": "a's"}),
-    )
-    .await;
-    run(
-        &mut a,
-        "import subprocess\np = subprocess.Popen(['sleep', '777'])",
-    )
-    .await;
-    let r = call(&mut b, json!({"op": "files_read", "path": "secret"}))
-        .await
-        .result;
-    assert_eq!(r["ok"], false, "{r}");
-    let seen = "import os\nany(b'777' in open('/proc/%s/cmdline' % p, 'rb').read() for p in os.listdir('/proc') if p.isdigit())";
-    assert_eq!(run(&mut b, seen).await["text"], "False");
-    assert_eq!(
-        run(&mut a, seen).await["text"],
-        "True",
-        "the check can fail"
-    );
+    assert_unseen_by(&mut a, &mut b).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -713,13 +619,7 @@ async fn a_session_ends_at_its_ttl_and_its_cpu_time_is_counted_across_calls() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sessions_take_no_job_slot() {
-    let engine = Engine::start(EngineConfig {
-        zygote_exe: sandbox_support::BIN.into(),
-        slots: 1,
-        python: Some(PythonSettings::default()),
-        ..EngineConfig::default()
-    })
-    .expect("engine");
+    let engine = warm_engine(sandbox_support::BIN, 1);
     let mut sessions = Vec::new();
     for _ in 0..3 {
         sessions.push(open(&engine, spec()).await);
@@ -823,44 +723,15 @@ async fn bad_specs_are_refused_with_the_reason() {
 /// capability, reach nothing of the host and see nothing of each other either.
 #[test]
 fn a_rootless_nodes_sessions_hold_the_same_isolation() {
-    if !sandbox_support::is_root() {
-        forkbox_testkit::skipped("the rootless re-run starts from root (this run is unprivileged)");
-        return;
-    }
-    let me = std::env::current_exe().unwrap();
-    let dir = std::env::temp_dir().join(format!("forkbox-session-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let copy = dir.join("session_engine");
-    std::fs::copy(&me, &copy).unwrap();
-    for p in [&dir, &copy] {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    }
-    let zygote = format!(
-        "FORKBOX_SESSION_ZYGOTE={}",
-        sandbox_support::unprivileged_bin().display()
+    sandbox_support::session::rerun_as_nobody(
+        "session_engine",
+        "FORKBOX_SESSION_ZYGOTE",
+        &[],
+        &[
+            "a_session_holds_no_capability_and_reaches_nothing_of_the_host",
+            "two_sessions_see_neither_files_nor_processes_of_the_other",
+            "the_escape_checks_hold_in_a_session_through_exec_and_run_code",
+            "a_disk_filled_over_calls_gives_enospc",
+        ],
     );
-    for test in [
-        "a_session_holds_no_capability_and_reaches_nothing_of_the_host",
-        "two_sessions_see_neither_files_nor_processes_of_the_other",
-        "the_escape_checks_hold_in_a_session_through_exec_and_run_code",
-        "a_disk_filled_over_calls_gives_enospc",
-    ] {
-        let out = Command::new("runuser")
-            .args(["-u", "nobody", "--", "env", &zygote])
-            .arg(&copy)
-            .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && text.contains("1 passed"),
-            "{test} as nobody:\n{text}"
-        );
-    }
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,30 +7,14 @@
 mod sandbox_support;
 
 use std::collections::BTreeMap;
-use std::process::Command;
 use std::time::Duration;
 
-use forkbox::sandbox::{
-    Engine, EngineConfig, ForkError, OpenError, PythonRuntime, PythonSettings, SandboxSession,
-    SessionSpec,
-};
+use forkbox::sandbox::{Engine, ForkError, OpenError, SessionSpec};
 use forkbox_queue::schema::{FileData, Limits, Runtime};
-use serde_json::{json, Value};
+use sandbox_support::session::{assert_no_space, run, value, warm_engine, zygote};
 
 fn engine() -> Engine {
-    let zygote =
-        std::env::var("FORKBOX_SESSION_ZYGOTE").unwrap_or_else(|_| sandbox_support::BIN.into());
-    let engine = Engine::start(EngineConfig {
-        zygote_exe: zygote.into(),
-        slots: 2,
-        python: Some(PythonSettings::default()),
-        ..EngineConfig::default()
-    })
-    .expect("engine");
-    if let PythonRuntime::Unavailable(why) = &engine.mechanisms().python {
-        panic!("the warm runtime is unavailable on this host: {why}");
-    }
-    engine
+    warm_engine(&zygote("FORKBOX_SESSION_ZYGOTE"), 2)
 }
 
 fn spec() -> SessionSpec {
@@ -51,38 +35,6 @@ fn spec() -> SessionSpec {
         files,
         ..SessionSpec::default()
     }
-}
-
-static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-/// Sends `call` and returns its result (streamed events dropped).
-async fn call(session: &mut SandboxSession, mut call: Value) -> Value {
-    let id = format!(
-        "c{}",
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    call["id"] = json!(id);
-    session
-        .send(&serde_json::to_vec(&call).unwrap())
-        .await
-        .expect("send");
-    loop {
-        let frame = tokio::time::timeout(Duration::from_secs(60), session.recv())
-            .await
-            .expect("an answer within 60 s")
-            .unwrap_or_else(|end| panic!("session ended: {}", end.message()));
-        let event: Value = serde_json::from_slice(&frame).unwrap();
-        if event["call"] == json!(id) && event["kind"] == "result" {
-            return event;
-        }
-    }
-}
-
-/// Runs a cell and returns its value's text, failing on any exception.
-async fn value(session: &mut SandboxSession, code: &str) -> String {
-    let r = call(session, json!({"op": "run_code", "code": code})).await;
-    assert_eq!(r["ok"], true, "{code}: {r}");
-    r["text"].as_str().unwrap_or_default().to_owned()
 }
 
 /// The parent's state: a closure, a class instance, a generator mid-iteration, a file open at
@@ -199,7 +151,7 @@ async fn branches_compute_what_the_parent_computes_then_go_their_own_way() {
     assert_eq!(left, "[]", "stopped or unreaped processes in the parent");
     for b in &mut branches {
         assert_eq!(value(b, "digest()").await, want);
-        let r = call(b, json!({"op": "run_code", "code": "7"})).await;
+        let r = run(b, "7").await;
         assert_eq!(r["execution_count"], 4, "{r}");
     }
     // Randomness is each one's own.
@@ -241,19 +193,8 @@ async fn branches_compute_what_the_parent_computes_then_go_their_own_way() {
         iso,
         format!("('0000000000000000', '2', -1, {})", libc::EPERM)
     );
-    let r = call(
-        first,
-        json!({"op": "run_code", "code": "open('big', 'wb').write(b'x' * (20 << 20))"}),
-    )
-    .await;
-    assert_eq!(r["exception"]["name"], "OSError", "{r}");
-    assert!(
-        r["exception"]["value"]
-            .as_str()
-            .unwrap()
-            .contains("No space left"),
-        "{r}"
-    );
+    let r = run(first, "open('big', 'wb').write(b'x' * (20 << 20))").await;
+    assert_no_space(&r);
     assert_eq!(value(first, "clo(2)").await, "102");
     if !numpy {
         forkbox_testkit::skipped("numpy in the forked state (not importable by python3)");
@@ -303,38 +244,10 @@ async fn a_session_cannot_ask_for_a_branchs_wait_itself() {
 /// The fork, run again by `nobody`: a rootless node forks its sessions too.
 #[test]
 fn a_rootless_node_forks_its_sessions() {
-    if !sandbox_support::is_root() {
-        forkbox_testkit::skipped("the rootless re-run starts from root (this run is unprivileged)");
-        return;
-    }
-    let me = std::env::current_exe().unwrap();
-    let dir = std::env::temp_dir().join(format!("forkbox-fork-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let copy = dir.join("session_fork");
-    std::fs::copy(&me, &copy).unwrap();
-    for p in [&dir, &copy] {
-        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    }
-    let zygote = format!(
-        "FORKBOX_SESSION_ZYGOTE={}",
-        sandbox_support::unprivileged_bin().display()
-    );
-    let test = "branches_compute_what_the_parent_computes_then_go_their_own_way";
-    let out = Command::new("runuser")
-        .args(["-u", "nobody", "--", "env", &zygote])
-        .arg(&copy)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .current_dir(&dir)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let text = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && text.contains("1 passed"),
-        "{test} as nobody:\n{text}"
+    sandbox_support::session::rerun_as_nobody(
+        "session_fork",
+        "FORKBOX_SESSION_ZYGOTE",
+        &[],
+        &["branches_compute_what_the_parent_computes_then_go_their_own_way"],
     );
 }

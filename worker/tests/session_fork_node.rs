@@ -7,40 +7,24 @@ mod node_support;
 
 use std::time::Duration;
 
-use forkbox_queue::session::{Call, CallOp, Event, SessionSpec};
-use forkbox_queue::{FileData, Job, Queue, Runtime, SessionOpened};
+use forkbox_queue::session::{Call, CallOp};
+use forkbox_queue::{FileData, Job, Queue, SessionOpened};
 use node_support::*;
 use serde_json::Value;
 
 fn create() -> Job {
-    let mut job = Job {
-        session: Some(SessionSpec {
-            ttl_s: Some(120),
-            idle_s: Some(60),
-        }),
-        runtime: Some(Runtime::Python),
-        ..Job::default()
-    };
+    let mut job = session_job();
     job.files
         .insert("notes.txt".into(), FileData::Text("parent\n".into()));
     job
 }
 
 async fn open(q: &Queue, job: &Job) -> SessionOpened {
-    q.open_session(job, Duration::from_secs(60))
-        .await
-        .unwrap_or_else(|e| panic!("session opens: {e}"))
+    open_session(q, job).await
 }
 
 async fn result(q: &Queue, call: Call) -> serde_json::Map<String, Value> {
-    let end = q
-        .call_session(&call, Duration::from_secs(60), &mut |_| {})
-        .await
-        .unwrap_or_else(|e| panic!("call {:?}: {e}", call.op));
-    match end {
-        Event::Result(r) => r,
-        other => panic!("not a result: {other:?}"),
-    }
+    session_result(q, call, Duration::from_secs(60)).await
 }
 
 async fn text(q: &Queue, sid: &str, code: &str) -> String {
@@ -58,10 +42,7 @@ fn fork(sid: &str, n: u32) -> Call {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_fork_makes_live_sessions_with_the_parents_state_and_lineage() {
-    let server = start_redis();
-    let mut w = WorkerProc::start(&server.url(), "f-node-1", &["--max-sessions", "4"]);
-    w.wait_ready();
-    let q = queue(&server.url(), "default").await;
+    let (_server, _w, q) = session_node("f-node-1", &["--max-sessions", "4"]).await;
     let p = open(&q, &create()).await;
     text(&q, &p.id, "x = 41\nf = open('notes.txt', 'a')").await;
 
@@ -157,9 +138,7 @@ fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_forks_a_session_and_prints_the_new_ids() {
-    let server = start_redis();
-    let mut w = WorkerProc::start(&server.url(), "f-node-2", &["--max-sessions", "4"]);
-    w.wait_ready();
+    let (server, _w, _q) = session_node("f-node-2", &["--max-sessions", "4"]).await;
     let url = server.url();
     let (code, out, err) = cli(&url, &["session", "create", "--runtime", "python"]);
     assert_eq!(code, 0, "{err}");

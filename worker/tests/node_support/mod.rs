@@ -439,3 +439,48 @@ pub async fn sessions_on_every_partition(
         }
     }
 }
+
+/// A private redis-server, a `forkbox worker` named `name` with `args` on it, ready, and a
+/// client of its `default` queue.
+pub async fn session_node(name: &str, args: &[&str]) -> (RedisServer, WorkerProc, Queue) {
+    let server = start_redis();
+    let mut w = WorkerProc::start(&server.url(), name, args);
+    w.wait_ready();
+    let q = queue(&server.url(), "default").await;
+    (server, w, q)
+}
+
+/// A create of a warm Python session that lives up to 120 s, 60 s of them idle.
+pub fn session_job() -> forkbox_queue::Job {
+    forkbox_queue::Job {
+        session: Some(forkbox_queue::session::SessionSpec {
+            ttl_s: Some(120),
+            idle_s: Some(60),
+        }),
+        runtime: Some(forkbox_queue::Runtime::Python),
+        ..forkbox_queue::Job::default()
+    }
+}
+
+/// Opens the session `job` creates, within 60 s.
+pub async fn open_session(q: &Queue, job: &forkbox_queue::Job) -> forkbox_queue::SessionOpened {
+    q.open_session(job, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("session opens: {e}"))
+}
+
+/// Sends `call` and returns its result (output events dropped), within `limit`.
+pub async fn session_result(
+    q: &Queue,
+    call: forkbox_queue::session::Call,
+    limit: Duration,
+) -> serde_json::Map<String, serde_json::Value> {
+    let end = q
+        .call_session(&call, limit, &mut |_| {})
+        .await
+        .unwrap_or_else(|e| panic!("call {:?}: {e}", call.op));
+    match end {
+        forkbox_queue::session::Event::Result(r) => r,
+        other => panic!("not a result: {other:?}"),
+    }
+}

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod escapes;
+pub mod session;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
