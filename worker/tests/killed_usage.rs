@@ -8,9 +8,9 @@ mod sandbox_support;
 use std::process::Stdio;
 use std::time::Duration;
 
-use forkbox::sandbox::{Engine, EngineConfig, PythonRuntime, PythonSettings};
 use forkbox_queue::schema::{Job, Limits, Outcome, Runtime, Status};
 
+use sandbox_support::session::warm_engine;
 use sandbox_support::{emulated_guest, forkbox, identities, BIN};
 
 /// What every job holds and burns before it is stopped.
@@ -60,20 +60,6 @@ fn python(program: &str, warm: bool) -> Job {
     }
 }
 
-fn engine() -> Engine {
-    let engine = Engine::start(EngineConfig {
-        zygote_exe: BIN.into(),
-        slots: 2,
-        python: Some(PythonSettings::default()),
-        ..EngineConfig::default()
-    })
-    .expect("engine");
-    if let PythonRuntime::Unavailable(why) = &engine.mechanisms().python {
-        panic!("the warm runtime is unavailable on this host: {why}");
-    }
-    engine
-}
-
 /// What is wrong with `out`, if anything.
 fn miscounted(what: &str, out: &Outcome, status: Status) -> Option<String> {
     let shown = format!(
@@ -97,7 +83,9 @@ fn miscounted(what: &str, out: &Outcome, status: Status) -> Option<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_job_reports_the_cpu_time_and_memory_it_used() {
-    let engine = tokio::task::spawn_blocking(engine).await.unwrap();
+    let engine = tokio::task::spawn_blocking(|| warm_engine(BIN, 2))
+        .await
+        .unwrap();
     let mut wrong = Vec::new();
     let mut check =
         |what: String, out: Outcome, status| wrong.extend(miscounted(&what, &out, status));

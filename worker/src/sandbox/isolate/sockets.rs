@@ -765,14 +765,7 @@ mod tests {
     /// and stay counted (at the worst case) once their sender is closed.
     #[test]
     fn the_kernel_shows_queued_bytes_and_the_sockets_it_no_longer_lists() {
-        if !nix::unistd::Uid::effective().is_root() {
-            forkbox_testkit::skipped(
-                "a network namespace of its own needs root for this unit test",
-            );
-            return;
-        }
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        in_a_network_namespace_of_its_own(|| {
             // The thread's own view: `/proc/self/net` shows the process's namespace.
             let mut count = SocketCount::new(Path::new("/proc/thread-self"), None);
             let (per_socket, idle) = (count.per_socket, count.used_bytes());
@@ -813,23 +806,14 @@ mod tests {
             drop(b);
             let idle = count.used_bytes();
             assert!(idle.seen < 4096 && idle.unseen == 0, "{idle:?} at the end");
-        })
-        .join()
-        .unwrap();
+        });
     }
 
     /// Another socket of the namespace (a job's, with a network) cannot slip the counter a
     /// forged answer: the kernel refuses to deliver it.
     #[test]
     fn no_other_socket_can_send_the_counter_an_answer() {
-        if !nix::unistd::Uid::effective().is_root() {
-            forkbox_testkit::skipped(
-                "a network namespace of its own needs root for this unit test",
-            );
-            return;
-        }
-        std::thread::spawn(|| {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        in_a_network_namespace_of_its_own(|| {
             let count = SocketCount::new(Path::new("/proc/thread-self"), None);
             let diag = count.diag.as_ref().expect("a sock_diag socket");
             let port: NetlinkAddr = nix::sys::socket::getsockname(diag.as_raw_fd()).unwrap();
@@ -843,6 +827,20 @@ mod tests {
             let done = message(NLMSG_DONE, 1, &[0; 4]);
             let sent = sendto(forger.as_raw_fd(), &done, &port, MsgFlags::empty());
             assert_eq!(sent, Err(nix::errno::Errno::ECONNREFUSED));
+        });
+    }
+
+    /// Runs `f` on a thread moved into a new network namespace (root only: else skipped).
+    fn in_a_network_namespace_of_its_own(f: impl FnOnce() + Send + 'static) {
+        if !nix::unistd::Uid::effective().is_root() {
+            forkbox_testkit::skipped(
+                "a network namespace of its own needs root for this unit test",
+            );
+            return;
+        }
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            f();
         })
         .join()
         .unwrap();
