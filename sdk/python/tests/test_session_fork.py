@@ -84,7 +84,7 @@ def test_a_branch_that_failed_is_surfaced_with_the_ones_made() -> None:
 def test_the_best_of_n_example_keeps_the_fix_that_passes(worker: str) -> None:
     env = dict(os.environ, FORKBOX_REDIS_URL=worker)
     p = subprocess.run(
-        [sys.executable, str(SDK_DIR / "examples" / "best_of_n.py")], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(SDK_DIR / "examples" / "session_best_of_n.py")], env=env, capture_output=True, text=True, timeout=300
     )
     assert p.returncode == 0, f"{p.stdout}\n{p.stderr}"
     assert "kept: average the middle two (199/199)" in p.stdout, p.stdout

@@ -6,7 +6,7 @@ be) and writes the buggy module to its disk. `fork(4)` copies both into four new
 each writes its own fix over the module and scores it against the cases it inherited, without
 building them again. The parent still has the bug: a branch's changes are its own.
 
-Run against a worker: FORKBOX_REDIS_URL=redis://... python best_of_n.py
+Run against a worker: FORKBOX_REDIS_URL=redis://... python session_best_of_n.py
 """
 
 from __future__ import annotations
