@@ -973,10 +973,14 @@ fn socket_buffers_count_in_the_memory_limit() {
             // rest of its worst case (the most one socket can hold: twice a full buffer)
             // counts against the limit alone, so at the kill at least half the limit, less
             // the processes' few MiB, was seen.
+            // Under a cgroup the kill comes at the charge that does not fit, so the peak may
+            // stop short of `memory.max` by that charge's size (a socket buffer: up to a MiB).
             let least = if how == "close" && budget {
                 56 * 1024
-            } else {
+            } else if budget {
                 128 * 1024
+            } else {
+                127 * 1024
             };
             assert!(
                 peak_kb >= least,
