@@ -192,6 +192,8 @@ fn sessions_contract(q: &Keys) -> Value {
             "backstop_grace_ms": BACKSTOP_GRACE_MS,
             "wait_slice_ms": WAIT_SLICE_MS,
             "max_fork_branches": MAX_FORK_BRANCHES,
+            "checkpoint_ttl_s": DEFAULT_CHECKPOINT_TTL_S,
+            "checkpoint_id_random": CHECKPOINT_ID_RANDOM,
         },
         "node_maximums": serde_json::to_value(SessionCeilings::default()).expect("serializes"),
         "stream_fields": {"call": CALL_FIELD, "event": EVENT_FIELD},

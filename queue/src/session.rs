@@ -29,6 +29,11 @@ pub const MAX_EVENT_DATA_BYTES: usize = 64 * 1024;
 pub const CALL_QUEUE_LEN: usize = 64;
 /// Most branches one `fork` call asks for (the node's session capacity bounds it further).
 pub const MAX_FORK_BRANCHES: u32 = 16;
+/// A checkpoint's lifetime when its `checkpoint` call sets no `ttl_s` (within the node's
+/// session ttl maximum; a checkpoint ends with its session in any case).
+pub const DEFAULT_CHECKPOINT_TTL_S: u64 = 600;
+/// Random hex digits a checkpoint's id ends with, after its session's id and a `.`.
+pub const CHECKPOINT_ID_RANDOM: usize = 32;
 /// How long a call's event stream lives after its terminal event.
 pub const CALL_EVENTS_LINGER_MS: u64 = 300_000;
 /// Approximate cap (`MAXLEN ~`) of a node's calls stream.
@@ -109,10 +114,13 @@ pub enum CallOp {
     Kill,
     Info,
     Fork,
+    Checkpoint,
+    Restore,
+    DropCheckpoint,
 }
 
 impl CallOp {
-    pub const ALL: [CallOp; 11] = [
+    pub const ALL: [CallOp; 14] = [
         CallOp::RunCode,
         CallOp::Exec,
         CallOp::FilesWrite,
@@ -124,6 +132,9 @@ impl CallOp {
         CallOp::Kill,
         CallOp::Info,
         CallOp::Fork,
+        CallOp::Checkpoint,
+        CallOp::Restore,
+        CallOp::DropCheckpoint,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -139,6 +150,9 @@ impl CallOp {
             CallOp::Kill => "kill",
             CallOp::Info => "info",
             CallOp::Fork => "fork",
+            CallOp::Checkpoint => "checkpoint",
+            CallOp::Restore => "restore",
+            CallOp::DropCheckpoint => "drop_checkpoint",
         }
     }
 
@@ -154,6 +168,8 @@ impl CallOp {
             CallOp::SetTimeout => (&["ttl_s", "idle_s"], &[]),
             CallOp::Interrupt | CallOp::Kill | CallOp::Info => (&[], &[]),
             CallOp::Fork => (&["n"], &["n"]),
+            CallOp::Checkpoint => (&["ttl_s"], &[]),
+            CallOp::Restore | CallOp::DropCheckpoint => (&["checkpoint"], &["checkpoint"]),
         }
     }
 
@@ -207,6 +223,9 @@ pub struct Call {
     /// `fork`: how many branches (1 to [`MAX_FORK_BRANCHES`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
+    /// `restore`, `drop_checkpoint`: the checkpoint's id (see [`checkpoint_session`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 impl Call {
@@ -324,7 +343,7 @@ impl Call {
         self.check_op_fields(op)
     }
 
-    fn given(&self) -> [(&'static str, bool); 11] {
+    fn given(&self) -> [(&'static str, bool); 12] {
         [
             ("code", self.code.is_some()),
             ("cmd", self.cmd.is_some()),
@@ -337,6 +356,7 @@ impl Call {
             ("ttl_s", self.ttl_s.is_some()),
             ("idle_s", self.idle_s.is_some()),
             ("n", self.n.is_some()),
+            ("checkpoint", self.checkpoint.is_some()),
         ]
     }
 
@@ -368,6 +388,29 @@ impl Call {
                 "a `set_timeout` call needs `ttl_s` or `idle_s`",
             ));
         }
+        if let Some(cp) = &self.checkpoint {
+            match checkpoint_session(cp) {
+                Some(sid) if sid == self.session => {}
+                Some(sid) => {
+                    return Err(invalid(
+                        "checkpoint",
+                        format!(
+                            "{cp:?} is a checkpoint of session {sid:?}, not of {:?}",
+                            self.session
+                        ),
+                    ))
+                }
+                None => {
+                    return Err(invalid(
+                        "checkpoint",
+                        format!(
+                            "{cp:?} is not a checkpoint's id (a session's id, `.`, and \
+                             {CHECKPOINT_ID_RANDOM} hex digits)"
+                        ),
+                    ))
+                }
+            }
+        }
         if let Some(n) = self.n.filter(|n| *n == 0 || *n > MAX_FORK_BRANCHES) {
             return Err(invalid(
                 "n",
@@ -384,6 +427,22 @@ impl Call {
         }
         Ok(())
     }
+}
+
+/// A new checkpoint id of session `session`: the session's id, `.`, and
+/// [`CHECKPOINT_ID_RANDOM`] random hex digits (unguessable: 128 random bits).
+pub fn new_checkpoint_id(session: &str) -> String {
+    format!("{session}.{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The session a checkpoint's id names; `None` when it is not a checkpoint's id.
+pub fn checkpoint_session(id: &str) -> Option<&str> {
+    let cut = id.len().checked_sub(CHECKPOINT_ID_RANDOM + 1)?;
+    let (sid, rest) = (id.get(..cut)?, id.get(cut..)?);
+    let hex = rest.strip_prefix('.')?;
+    let ok = hex.len() == CHECKPOINT_ID_RANDOM
+        && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    (ok && check_id("session", sid).is_ok()).then_some(sid)
 }
 
 /// A session's path: relative to `/work`, or absolute under `/work`, never with `..`.
@@ -588,6 +647,23 @@ pub struct SessionInfo {
     /// The sessions forked from this one, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub children: Vec<String>,
+    /// How a session with a parent was made: `fork`, or `restore` (of [`Self::checkpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made_by: Option<String>,
+    /// The checkpoint a restored session was made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
+    /// The session's live checkpoints, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<CheckpointInfo>,
+}
+
+/// A live checkpoint of a session, as its hash lists it (`checkpoints`, a JSON array).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    pub id: String,
+    pub created_ms: u64,
+    pub expires_ms: u64,
 }
 
 impl SessionInfo {
@@ -616,6 +692,12 @@ impl SessionInfo {
                         .collect()
                 })
                 .unwrap_or_default(),
+            made_by: h.get("made_by").filter(|m| !m.is_empty()).cloned(),
+            checkpoint: h.get("checkpoint").filter(|c| !c.is_empty()).cloned(),
+            checkpoints: h
+                .get("checkpoints")
+                .and_then(|c| serde_json::from_str(c).ok())
+                .unwrap_or_default(),
         })
     }
 }
@@ -623,6 +705,33 @@ impl SessionInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_id_names_its_session_and_is_checked_against_the_call() {
+        let sid = "0190f1e2-aaaa-7bbb-8ccc-123456789abc";
+        let cp = new_checkpoint_id(sid);
+        assert_eq!(checkpoint_session(&cp), Some(sid));
+        assert_eq!(checkpoint_session("a.b.0123456789abcdef0123456789abcdef"), Some("a.b"));
+        for bad in ["", "x", "s.0123", "s.0123456789ABCDEF0123456789abcdef", ".0123456789abcdef0123456789abcdef"] {
+            assert_eq!(checkpoint_session(bad), None, "{bad:?}");
+        }
+        let restore = |session: &str, cp: &str| Call {
+            checkpoint: Some(cp.to_owned()),
+            ..Call::new(session, CallOp::Restore)
+        };
+        assert!(restore(sid, &cp).validate(60_000).is_ok());
+        let other = restore("another", &cp).validate(60_000).unwrap_err();
+        assert!(other.to_string().contains("is a checkpoint of session"), "{other}");
+        let junk = restore(sid, "nope").validate(60_000).unwrap_err();
+        assert!(junk.to_string().contains("is not a checkpoint's id"), "{junk}");
+        let missing = Call::new(sid, CallOp::Restore).validate(60_000).unwrap_err();
+        assert!(missing.to_string().contains("needs `checkpoint`"), "{missing}");
+        let ttl = Call {
+            ttl_s: Some(60),
+            ..Call::new(sid, CallOp::Checkpoint)
+        };
+        assert!(ttl.validate(60_000).is_ok());
+    }
 
     fn session_job(extra: &str) -> Result<Job, JobError> {
         let json = format!(r#"{{"session": {{"ttl_s": 60, "idle_s": 30}}{extra}}}"#);

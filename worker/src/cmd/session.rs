@@ -45,6 +45,34 @@ pub enum SessionCommand {
     /// prints their ids, one a line (what a branch does not get, and a branch that failed, on
     /// stderr). Needs `--runtime python`.
     Fork(ForkArgs),
+    /// Take a checkpoint of the session (a stopped copy of its interpreter, and of its files)
+    /// and print its id. Needs `--runtime python`.
+    Checkpoint(CheckpointArgs),
+    /// Restore a checkpoint as a new session, and print the new session's id.
+    Restore(CheckpointIdArgs),
+    /// Drop a checkpoint before its ttl.
+    DropCheckpoint(CheckpointIdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointArgs {
+    #[command(flatten)]
+    pub client: ClientOpts,
+    /// The session's id.
+    pub id: String,
+    /// The checkpoint's lifetime in seconds [default: 600, within the node's
+    /// --max-session-ttl; it ends with its session in any case].
+    #[arg(long, value_name = "SECS")]
+    pub ttl: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckpointIdArgs {
+    #[command(flatten)]
+    pub client: ClientOpts,
+    /// The checkpoint's id (as `session checkpoint` printed it: its session's id, `.`, and
+    /// 32 hex digits).
+    pub checkpoint: String,
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +241,36 @@ pub async fn main(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Fork(a) => fork(a).await,
+        SessionCommand::Checkpoint(a) => {
+            let call = Call {
+                ttl_s: a.ttl,
+                ..Call::new(&a.id, CallOp::Checkpoint)
+            };
+            let r = send(&a.client, call).await?;
+            check_ok(&r)?;
+            let id = r
+                .get("checkpoint")
+                .and_then(|c| c["id"].as_str())
+                .unwrap_or_default();
+            println!("{}", for_stdout(id));
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Restore(a) => {
+            let r = send(&a.client, checkpoint_call(&a.checkpoint, CallOp::Restore)?).await?;
+            check_ok(&r)?;
+            let id = r.get("id").and_then(Value::as_str).unwrap_or_default();
+            println!("{}", for_stdout(id));
+            for what in r.get("not_carried").and_then(Value::as_array).into_iter().flatten() {
+                let what = what.as_str().unwrap_or_default();
+                eprintln!("forkbox: {}: not carried: {}", for_stderr(id), for_stderr(what));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::DropCheckpoint(a) => {
+            let call = checkpoint_call(&a.checkpoint, CallOp::DropCheckpoint)?;
+            check_ok(&send(&a.client, call).await?)?;
+            Ok(ExitCode::SUCCESS)
+        }
         SessionCommand::SetTimeout(a) => {
             let call = Call {
                 ttl_s: a.ttl,
@@ -545,6 +603,20 @@ async fn fork(a: ForkArgs) -> anyhow::Result<ExitCode> {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
+    })
+}
+
+/// A `restore` or `drop_checkpoint` call, to the session the checkpoint's id names.
+fn checkpoint_call(checkpoint: &str, op: CallOp) -> anyhow::Result<Call> {
+    let Some(sid) = forkbox_queue::session::checkpoint_session(checkpoint) else {
+        bail!(
+            "{} is not a checkpoint's id (a session's id, `.`, and 32 hex digits)",
+            for_stderr(checkpoint)
+        );
+    };
+    Ok(Call {
+        checkpoint: Some(checkpoint.to_owned()),
+        ..Call::new(sid, op)
     })
 }
 

@@ -129,6 +129,10 @@ pub struct WorkerSettings {
     /// --max-sessions and --session-memory-mb and give way to sessions; 0: none [default: 1].
     #[arg(long, env = "FORKBOX_SESSION_POOL", value_name = "N")]
     pub session_pool: Option<usize>,
+    /// Checkpoints one session may hold at once (each a stopped copy of its interpreter in its
+    /// sandbox and a copy of its disk on this host) [default: 8].
+    #[arg(long, env = "FORKBOX_MAX_SESSION_CHECKPOINTS", value_name = "N")]
+    pub max_session_checkpoints: Option<usize>,
     /// TOML file with any of the settings above (keys as the flags, with underscores).
     #[arg(long, env = "FORKBOX_CONFIG", value_name = "FILE")]
     #[serde(skip)]
@@ -208,6 +212,7 @@ impl WorkerSettings {
             max_session_ttl,
             max_session_idle,
             session_pool,
+            max_session_checkpoints,
             config: _,
             sandbox,
         } = file;
@@ -238,6 +243,7 @@ impl WorkerSettings {
             max_session_ttl: self.max_session_ttl.or(max_session_ttl),
             max_session_idle: self.max_session_idle.or(max_session_idle),
             session_pool: self.session_pool.or(session_pool),
+            max_session_checkpoints: self.max_session_checkpoints.or(max_session_checkpoints),
             config: self.config,
             sandbox: self.sandbox.over(sandbox),
         }
@@ -293,6 +299,7 @@ impl WorkerSettings {
         set(&mut c.sessions.ceilings.ttl_s, self.max_session_ttl);
         set(&mut c.sessions.ceilings.idle_s, self.max_session_idle);
         set(&mut c.sessions.pool, self.session_pool);
+        set(&mut c.sessions.max_checkpoints, self.max_session_checkpoints);
         // A maximum below a default lowers the default, as for the limits.
         c.queue.max_attempts = c.queue.max_attempts.min(c.ceilings.max_attempts);
         c.queue.result_ttl_s = c.queue.result_ttl_s.min(c.ceilings.result_ttl_s);

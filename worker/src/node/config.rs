@@ -78,6 +78,8 @@ pub struct SessionSettings {
     /// Session sandboxes kept opened ahead of demand (`--session-pool`), counted against
     /// the two limits above; 0 opens each at its create.
     pub pool: usize,
+    /// Checkpoints one session may hold at once (`--max-session-checkpoints`).
+    pub max_checkpoints: usize,
 }
 
 impl Default for SessionSettings {
@@ -87,6 +89,7 @@ impl Default for SessionSettings {
             memory_mb: host_memory_mb() / 4,
             ceilings: Default::default(),
             pool: 1,
+            max_checkpoints: 8,
         }
     }
 }

@@ -264,17 +264,22 @@ impl Sessions {
         }
         self.health.ok();
         let (sessions, sandbox_spec) = open.fork.clone();
+        let rights = Arc::new(ForkRights {
+            sessions,
+            engine: self.engine.clone(),
+            spec: sandbox_spec,
+            spec_json: spec.to_string(),
+            ttl_s: open.ttl_s,
+            sandbox_ttl_ms: open.sandbox_ttl_ms,
+        });
         Some(TaskSetup {
             sid: d.id.clone(),
             parent: None,
-            fork: Some(Arc::new(ForkRights {
-                sessions,
-                engine: self.engine.clone(),
-                spec: sandbox_spec,
-                spec_json: spec.to_string(),
-                ttl_s: open.ttl_s,
-                sandbox_ttl_ms: open.sandbox_ttl_ms,
-            })),
+            fork: Some(rights.clone()),
+            checkpointer: Some(rights),
+            made_by: None,
+            from_checkpoint: None,
+            max_checkpoints: self.settings.max_checkpoints,
             node: self.name.clone(),
             created_ms,
             expires_ms,

@@ -100,7 +100,9 @@ async fn fork(
     let now_ms = forkbox_queue::now_ms();
     let expires_ms = now_ms + rights.ttl_s * 1000;
     let ids: Vec<String> = made.iter().map(|(s, _)| s.clone()).collect();
-    if !made.is_empty() && !record(queue, setup, rights, &ids, (now_ms, expires_ms)).await {
+    let by = [("made_by", "fork".to_owned())];
+    let times = (now_ms, expires_ms);
+    if !made.is_empty() && !record_branches(queue, setup, rights, &ids, times, &by).await {
         for (sid, b) in made {
             b.session.kill().await;
             sessions.release_branch(&sid);
@@ -118,6 +120,8 @@ async fn fork(
         let branch = TaskSetup {
             sid: sid.clone(),
             parent: Some(setup.sid.clone()),
+            made_by: Some("fork"),
+            from_checkpoint: None,
             created_ms: now_ms,
             expires_ms,
             sandbox_deadline: Instant::now() + Duration::from_millis(rights.sandbox_ttl_ms),
@@ -149,15 +153,17 @@ fn failed(why: String) -> Map<String, Value> {
     ])
 }
 
-/// Records the branches; retried while Redis is away. `false`: not recorded.
-async fn record(
+/// Records the branches (or a restored session), with the fields `made` saying how they were
+/// made; retried while Redis is away. `false`: not recorded.
+pub(crate) async fn record_branches(
     queue: &Queue,
     setup: &TaskSetup,
     rights: &ForkRights,
     ids: &[String],
     (now_ms, expires_ms): (u64, u64),
+    made: &[(&'static str, String)],
 ) -> bool {
-    let fields = [
+    let mut fields = vec![
         ("node", setup.node.clone()),
         ("state", "live".to_owned()),
         ("created_ms", now_ms.to_string()),
@@ -168,6 +174,7 @@ async fn record(
         ("runtime", setup.runtime.clone()),
         ("memory_mb", setup.memory_mb.to_string()),
     ];
+    fields.extend(made.iter().cloned());
     let started = Instant::now();
     let mut backoff = Backoff::default();
     loop {

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::node::health::{Backoff, RedisHealth};
 use crate::node::metrics as m;
 use crate::node::session_relay::{CallOutput, Clocks};
-use crate::sandbox::{EndReason as SandboxEnd, SandboxSession, SessionEnd};
+use crate::sandbox::{EndReason as SandboxEnd, SandboxSession, SessionCheckpoint, SessionEnd};
 
 /// What the node's call readers and its stop send a session's task.
 pub(crate) enum Cmd {
@@ -39,6 +39,13 @@ pub(crate) struct TaskSetup {
     pub(crate) parent: Option<String>,
     /// What serves a `fork` call (`None`: this session cannot be forked here).
     pub(crate) fork: Option<Arc<dyn Forker>>,
+    /// What serves `checkpoint` and `restore` (`None`: not here).
+    pub(crate) checkpointer: Option<Arc<dyn Checkpointer>>,
+    /// How a session with a parent was made (`fork`, `restore`), and the checkpoint restored.
+    pub(crate) made_by: Option<&'static str>,
+    pub(crate) from_checkpoint: Option<String>,
+    /// The most checkpoints the session may hold at once.
+    pub(crate) max_checkpoints: usize,
     pub(crate) node: String,
     pub(crate) created_ms: u64,
     pub(crate) expires_ms: u64,
@@ -62,6 +69,34 @@ pub(crate) trait Forker: Send + Sync {
         queue: &'a Queue,
         n: usize,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Map<String, Value>> + Send + 'a>>;
+}
+
+/// A session's checkpoints, as its task sees them (the node's side is
+/// `node::session_checkpoint`).
+pub(crate) trait Checkpointer: Send + Sync {
+    /// Takes a checkpoint of the session; the error names why not.
+    fn checkpoint<'a>(
+        &'a self,
+        session: &'a mut SandboxSession,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<SessionCheckpoint, String>> + Send + 'a>>;
+    /// Restores `cp` (of id `id`) as a new session, reserved, recorded and started: the
+    /// fields of the `restore` call's result.
+    fn restore<'a>(
+        &'a self,
+        cp: &'a mut SessionCheckpoint,
+        id: &'a str,
+        setup: &'a TaskSetup,
+        queue: &'a Queue,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Map<String, Value>> + Send + 'a>>;
+}
+
+/// A checkpoint the session holds.
+struct Held {
+    id: String,
+    created_ms: u64,
+    expires_ms: u64,
+    expires: Instant,
+    cp: SessionCheckpoint,
 }
 
 /// The node's session capacity and tasks, as a fork's branches need them (`node::session`).
@@ -93,6 +128,8 @@ pub(crate) struct SessionTask {
     execution_count: u64,
     /// The sessions forked from this one, oldest first.
     children: Vec<String>,
+    /// Its live checkpoints, oldest first.
+    checkpoints: Vec<Held>,
     queue: Queue,
 }
 
@@ -134,6 +171,7 @@ impl SessionTask {
             served: 0,
             execution_count: 0,
             children: Vec::new(),
+            checkpoints: Vec::new(),
             queue,
         }
     }
@@ -153,7 +191,9 @@ impl SessionTask {
             if let Some(ending) = self.clocks.due(Instant::now(), busy) {
                 return ending;
             }
-            let wake = tokio::time::Instant::from_std(self.clocks.next(busy));
+            let next = self.clocks.next(busy);
+            let next = self.checkpoints.iter().map(|h| h.expires).fold(next, Instant::min);
+            let wake = tokio::time::Instant::from_std(next);
             let step = tokio::select! {
                 cmd = self.calls.recv() => match cmd {
                     Some(Cmd::Call(call, at)) => self.take(*call, at),
@@ -169,6 +209,7 @@ impl SessionTask {
             if let Err(ending) = step {
                 return ending;
             }
+            self.expire_checkpoints();
         }
     }
 
@@ -211,6 +252,14 @@ impl SessionTask {
         let Some((call, read_at)) = self.waiting.pop_front() else {
             return Ok(());
         };
+        if matches!(
+            call.op(),
+            CallOp::Checkpoint | CallOp::Restore | CallOp::DropCheckpoint
+        ) {
+            let fields = self.checkpoint_call(&call).await;
+            self.answer(&call, read_at, fields);
+            return Ok(());
+        }
         if call.op() == CallOp::Fork {
             // Served by the node between the interpreter's cells (its frames are the node's).
             let n = call.n.unwrap_or(1) as usize;
@@ -246,6 +295,116 @@ impl SessionTask {
         // A supervisor gone makes its end come out of `recv` next.
         let _ = self.session.send(bytes.as_bytes()).await;
         Ok(())
+    }
+
+    /// Serves `checkpoint`, `restore` and `drop_checkpoint` between the interpreter's cells:
+    /// the fields of the call's result.
+    async fn checkpoint_call(&mut self, call: &Call) -> Map<String, Value> {
+        let failed = |why: String| {
+            Map::from_iter([
+                ("ok".to_owned(), json!(false)),
+                ("error".to_owned(), json!(why)),
+            ])
+        };
+        let Some(checkpointer) = self.setup.checkpointer.clone() else {
+            return failed("this session cannot be checkpointed".into());
+        };
+        let wanted = call.checkpoint.as_deref().unwrap_or_default();
+        let unknown = || {
+            failed(format!(
+                "checkpoint {wanted} is unknown: it expired, was dropped, or was never this \
+                 session's"
+            ))
+        };
+        match call.op() {
+            CallOp::Restore => {
+                let Some(held) = self.checkpoints.iter_mut().find(|h| h.id == wanted) else {
+                    return unknown();
+                };
+                let fields = checkpointer
+                    .restore(&mut held.cp, &held.id, &self.setup, &self.queue)
+                    .await;
+                if let Some(id) = fields.get("id").and_then(Value::as_str) {
+                    self.children.push(id.to_owned());
+                }
+                fields
+            }
+            CallOp::DropCheckpoint => {
+                let before = self.checkpoints.len();
+                self.checkpoints.retain(|h| h.id != wanted);
+                if self.checkpoints.len() == before {
+                    return unknown();
+                }
+                self.list_checkpoints();
+                Map::new()
+            }
+            _ => {
+                let max = self.setup.max_checkpoints;
+                if self.checkpoints.len() >= max {
+                    return failed(format!(
+                        "the session holds {max} checkpoints, this node's most \
+                         (--max-session-checkpoints): drop one first"
+                    ));
+                }
+                let ttl = call
+                    .ttl_s
+                    .unwrap_or(forkbox_queue::session::DEFAULT_CHECKPOINT_TTL_S)
+                    .min(self.setup.ceilings.ttl_s);
+                if call.ttl_s.is_some_and(|t| t > self.setup.ceilings.ttl_s) {
+                    return failed(format!(
+                        "ttl_s: {} is over this node's maximum of {}",
+                        call.ttl_s.unwrap_or_default(),
+                        self.setup.ceilings.ttl_s
+                    ));
+                }
+                let cp = match checkpointer.checkpoint(&mut self.session).await {
+                    Ok(cp) => cp,
+                    Err(why) => return failed(why),
+                };
+                let created_ms = forkbox_queue::now_ms();
+                let held = Held {
+                    id: forkbox_queue::session::new_checkpoint_id(&self.setup.sid),
+                    created_ms,
+                    expires_ms: created_ms + ttl * 1000,
+                    expires: Instant::now() + Duration::from_secs(ttl),
+                    cp,
+                };
+                let info = json!({
+                    "id": held.id,
+                    "created_ms": held.created_ms,
+                    "expires_ms": held.expires_ms,
+                    "disk_bytes": held.cp.disk.bytes,
+                });
+                self.checkpoints.push(held);
+                self.list_checkpoints();
+                Map::from_iter([("checkpoint".to_owned(), info)])
+            }
+        }
+    }
+
+    /// Ends the checkpoints past their ttl.
+    fn expire_checkpoints(&mut self) {
+        let now = Instant::now();
+        let before = self.checkpoints.len();
+        self.checkpoints.retain(|h| h.expires > now);
+        if self.checkpoints.len() != before {
+            self.list_checkpoints();
+        }
+    }
+
+    /// The live checkpoints, as `info` and the session's hash list them.
+    fn checkpoint_list(&self) -> Value {
+        let list = self.checkpoints.iter().map(|h| {
+            json!({"id": h.id, "created_ms": h.created_ms, "expires_ms": h.expires_ms})
+        });
+        Value::Array(list.collect())
+    }
+
+    fn list_checkpoints(&self) {
+        self.touch(
+            vec![("checkpoints", self.checkpoint_list().to_string())],
+            None,
+        );
     }
 
     /// Relays one frame of the supervisor as an event of the running call.
@@ -357,7 +516,10 @@ impl SessionTask {
             "calls_waiting": self.waiting.len() + usize::from(self.running.is_some()),
             "execution_count": self.execution_count,
             "parent": self.setup.parent,
+            "made_by": self.setup.made_by,
+            "checkpoint": self.setup.from_checkpoint,
             "children": self.children,
+            "checkpoints": self.checkpoint_list(),
         })
     }
 
@@ -370,7 +532,12 @@ impl SessionTask {
     }
 
     /// Kills the sandbox, then records the end and ends every call in flight or waiting.
-    async fn end(self, (reason, why): Ending) -> EndReason {
+    async fn end(mut self, (reason, why): Ending) -> EndReason {
+        if !self.checkpoints.is_empty() {
+            // They live in the session's sandbox: they end with it.
+            self.checkpoints.clear();
+            self.list_checkpoints();
+        }
         let SessionTask {
             setup,
             session,

@@ -34,13 +34,14 @@ mod runtime;
 
 pub use engine::check;
 pub use engine::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
-pub use engine::disk_copy::{DiskCopy, DiskCopyError};
+pub use engine::disk_copy::{DiskCopy, DiskCopyError, DiskSource};
 pub use engine::output::{OutputChunk, OutputStream};
 pub use engine::run::{RunEnd, Slot};
 pub use engine::session::{
     EndReason, OpenError, SandboxSession, SessionEnd, SessionSpec, SessionUsage, MAX_FRAME,
 };
 pub use engine::session_ahead::{PreparedSession, SessionShape};
+pub use engine::session_checkpoint::{CheckpointError, SessionCheckpoint};
 pub use engine::session_fork::{ForkError, ForkedBranch, SessionFork};
 pub use engine::start::{
     default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms,

@@ -32,11 +32,12 @@ from .errors import (
 from .job import JobSpec, Limits, build_job
 from .redis_queue import Batch, Queue
 from .result import STATUSES, Result
-from .session import CommandResult, Execution, ExecutionError, FileEntry, Session, SessionInfo
+from .session import Checkpoint, CommandResult, Execution, ExecutionError, FileEntry, Session, SessionInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
     "AsyncForkbox",
     "Batch",
     "CommandResult",

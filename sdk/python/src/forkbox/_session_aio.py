@@ -44,15 +44,18 @@ from .session import (
     check_path,
     create_job,
     ended_by_record,
+    checkpoint_fields,
+    checkpoint_made,
     exec_fields,
     fork_fields,
     fork_outcome,
     opened,
+    restored,
     script_reply,
     state_of,
 )
 
-__all__ = ["AsyncSession", "AsyncSessionFiles"]
+__all__ = ["AsyncCheckpoint", "AsyncSession", "AsyncSessionFiles"]
 
 
 class _Layout:
@@ -288,6 +291,12 @@ class AsyncSession:
             raise SessionForkError(self.id, kids, errors)
         return kids
 
+    async def checkpoint(self, ttl_s: Optional[int] = None, *, timeout: Optional[float] = None) -> AsyncCheckpoint:
+        """See :meth:`forkbox.Session.checkpoint`."""
+        r = await self._op("checkpoint", checkpoint_fields(ttl_s), timeout)
+        cid, created, expires = checkpoint_made(self.id, r)
+        return AsyncCheckpoint(self, cid, created, expires)
+
     async def info(self) -> SessionInfo:
         r = await self._op("info", {}, None)
         body: Mapping[str, Any] = r["info"] if isinstance(r.get("info"), Mapping) else r
@@ -374,3 +383,29 @@ class AsyncSession:
                     break
                 await asyncio.sleep(0.05)
             raise
+
+
+class AsyncCheckpoint:
+    """The asyncio twin of :class:`forkbox.session.Checkpoint`."""
+
+    def __init__(self, session: AsyncSession, id: str, created_ms: Optional[int], expires_ms: Optional[int]) -> None:
+        self.session = session
+        self.id = id
+        self.created_ms = created_ms
+        self.expires_ms = expires_ms
+
+    def __repr__(self) -> str:
+        return f"AsyncCheckpoint({self.id!r})"
+
+    async def restore(self, *, timeout: Optional[float] = None) -> AsyncSession:
+        """See :meth:`forkbox.session.Checkpoint.restore`."""
+        p = self.session
+        r = await p._op("restore", {"checkpoint": self.id}, timeout)
+        new, not_carried = restored(p.id, r)
+        s = AsyncSession(p._layout, new, p.node, None, p.idle_s, p.runtime)
+        s.parent, s.not_carried = p.id, not_carried
+        return s
+
+    async def delete(self) -> None:
+        """See :meth:`forkbox.session.Checkpoint.delete`."""
+        await self.session._op("drop_checkpoint", {"checkpoint": self.id}, None)

@@ -26,7 +26,7 @@ from .errors import ConnectionLost, DaemonNotRunning, ForkboxError, ProtocolErro
 from .job import JobSpec, checked_keywords, normalize_job, spec_from_keywords
 from .result import Result
 
-__all__ = ["AsyncForkbox", "AsyncSession"]
+__all__ = ["AsyncCheckpoint", "AsyncForkbox", "AsyncSession"]
 
 _Pending = Tuple["asyncio.Future[Dict[str, Any]]", Optional[OutputCallback]]
 
@@ -233,4 +233,4 @@ def _current_task() -> Optional[asyncio.Task[Any]]:
         return None
 
 
-from ._session_aio import AsyncSession  # noqa: E402  (the session twin; it needs nothing above)
+from ._session_aio import AsyncCheckpoint, AsyncSession  # noqa: E402  (the session twin; it needs nothing above)

@@ -565,6 +565,62 @@ def fork_outcome(sid: str, r: Mapping[str, Any]) -> Tuple[List[Tuple[str, List[s
     return made, errors
 
 
+def checkpoint_fields(ttl_s: Optional[int]) -> Dict[str, Any]:
+    return {} if ttl_s is None else {"ttl_s": _positive_int("ttl_s", ttl_s)}
+
+
+def checkpoint_made(sid: str, r: Mapping[str, Any]) -> Tuple[str, Optional[int], Optional[int]]:
+    """A ``checkpoint`` call's result: the checkpoint's id, created and expires (Unix ms)."""
+    cp = r.get("checkpoint")
+    if not isinstance(cp, Mapping) or not isinstance(cp.get("id"), str):
+        raise ProtocolError(f"session {sid}: a checkpoint's result without its id")
+    created, expires = cp.get("created_ms"), cp.get("expires_ms")
+    return cp["id"], created if isinstance(created, int) else None, expires if isinstance(expires, int) else None
+
+
+def restored(sid: str, r: Mapping[str, Any]) -> Tuple[str, List[str]]:
+    """A ``restore`` call's result: the new session's id, and what it does not have."""
+    new = r.get("id")
+    if not isinstance(new, str):
+        raise ProtocolError(f"session {sid}: a restore's result without the new session's id")
+    return new, [str(x) for x in r.get("not_carried") or []]
+
+
+class Checkpoint:
+    """A checkpoint of a session (:meth:`Session.checkpoint`): a stopped copy of its
+    interpreter, kept in the session's sandbox (its memory counts as the session's), and a copy
+    of its files, both as they were when it was taken. :meth:`restore` makes a new session from
+    it, as often as wanted; it ends at ``expires_ms``, on :meth:`delete`, or with its session.
+    ``id`` is unguessable and names its session (``<session id>.<32 hex digits>``)."""
+
+    def __init__(self, session: Any, id: str, created_ms: Optional[int], expires_ms: Optional[int]) -> None:
+        self.session = session
+        self.id = id
+        self.created_ms = created_ms
+        self.expires_ms = expires_ms
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.id!r})"
+
+    def restore(self, *, timeout: Optional[float] = None) -> Session:
+        """A new session on the session's node whose interpreter state and files are the
+        checkpoint's (``parent`` is the checkpointed session, ``not_carried`` names what it
+        lacks, as for a fork's branch). Raises :class:`~forkbox.SessionCallError` naming why
+        not: an unknown or expired checkpoint, the node's session capacity, a checkpoint
+        whose stopped interpreter was continued or ended."""
+        r = self.session._op("restore", {"checkpoint": self.id}, timeout)
+        new, not_carried = restored(self.session.id, r)
+        s = Session.__new__(Session)
+        s._attach(self.session.queue, new, self.session.node)
+        s.expires_ms, s.idle_s, s.runtime = None, self.session.idle_s, self.session.runtime
+        s.parent, s.not_carried = self.session.id, not_carried
+        return s
+
+    def delete(self) -> None:
+        """Ends the checkpoint now (its stopped interpreter and its files' copy)."""
+        self.session._op("drop_checkpoint", {"checkpoint": self.id}, None)
+
+
 def exec_fields(
     cmd: Union[str, Sequence[str]], stdin: Optional[Data], env: Optional[Mapping[str, str]], cwd: Optional[str]
 ) -> Dict[str, Any]:
@@ -891,6 +947,16 @@ class Session:
         if errors:
             raise SessionForkError(self.id, kids, errors)
         return kids
+
+    def checkpoint(self, ttl_s: Optional[int] = None, *, timeout: Optional[float] = None) -> Checkpoint:
+        """Takes a :class:`Checkpoint` of the session: its interpreter state and files as they
+        are now, to :meth:`Checkpoint.restore` later (an undo). It keeps no CPU; its memory
+        counts against the session's ``memory_mb`` as the session diverges from it. It lives
+        ``ttl_s`` seconds (default 600, within the node's ceiling) and at most as long as the
+        session; a node holds a few per session (8 by default). Needs ``runtime="python"``."""
+        r = self._op("checkpoint", checkpoint_fields(ttl_s), timeout)
+        cid, created, expires = checkpoint_made(self.id, r)
+        return Checkpoint(self, cid, created, expires)
 
     def info(self) -> SessionInfo:
         """The session's record and the node's live figures of it."""

@@ -55,20 +55,54 @@ pub enum DiskCopyError {
     },
 }
 
+/// Where a branch's disk comes from: a live sandbox's working directory (its init's host
+/// pid, when known), or a directory of the node's (a checkpoint's copy).
+#[derive(Debug, Clone)]
+pub enum DiskSource {
+    Sandbox(Option<i32>),
+    Dir(PathBuf),
+}
+
 /// Copies the working directory `work` of the sandbox whose init has host pid `from` into
 /// the one of the sandbox whose init is `to` (entries already there are overwritten).
 pub fn copy_work(from: i32, to: i32, work: &str) -> Result<DiskCopy, DiskCopyError> {
-    let open_work = |init: i32| {
-        let path = PathBuf::from(format!("/proc/{init}/root{work}"));
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-            .open(&path)
-            .map(OwnedFd::from)
-            .map_err(|error| DiskCopyError::OpenWork { path, error })
-    };
-    let (src, dst) = (open_work(from)?, open_work(to)?);
-    let here = Path::new(work);
+    let (src, dst) = (open_work(from, work)?, open_work(to, work)?);
+    copy_to_owner(&src, &dst, Path::new(work))
+}
+
+/// Copies the node's directory `dir` (a checkpoint's disk) into the working directory `work`
+/// of the sandbox whose init is `to`.
+pub fn copy_dir_in(dir: &Path, to: i32, work: &str) -> Result<DiskCopy, DiskCopyError> {
+    let src = open_dir(dir.to_owned())?;
+    let dst = open_work(to, work)?;
+    copy_to_owner(&src, &dst, Path::new(work))
+}
+
+/// Copies the working directory `work` of the sandbox whose init is `from` into the node's
+/// directory `dir` (a checkpoint's disk, empty), whose entries are then given to the owner of
+/// `dir`.
+pub fn copy_work_out(from: i32, work: &str, dir: &Path) -> Result<DiskCopy, DiskCopyError> {
+    let src = open_work(from, work)?;
+    let dst = open_dir(dir.to_owned())?;
+    copy_to_owner(&src, &dst, Path::new(work))
+}
+
+/// The working directory `work` of the sandbox whose init has host pid `init`, open.
+fn open_work(init: i32, work: &str) -> Result<OwnedFd, DiskCopyError> {
+    open_dir(PathBuf::from(format!("/proc/{init}/root{work}")))
+}
+
+fn open_dir(path: PathBuf) -> Result<OwnedFd, DiskCopyError> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(&path)
+        .map(OwnedFd::from)
+        .map_err(|error| DiskCopyError::OpenWork { path, error })
+}
+
+/// Copies the tree under `src` into `dst`, as the owner of `dst`, to whom all it makes goes.
+fn copy_to_owner(src: &OwnedFd, dst: &OwnedFd, here: &Path) -> Result<DiskCopy, DiskCopyError> {
     let st = fstat(dst.as_raw_fd()).map_err(|errno| entry("reading", here, errno))?;
     let owner = (Uid::from_raw(st.st_uid), Gid::from_raw(st.st_gid));
     // The disks are mounted in the sandboxes' user namespaces, where host root has no id: a
@@ -76,7 +110,7 @@ pub fn copy_work(from: i32, to: i32, work: &str) -> Result<DiskCopy, DiskCopyErr
     // this thread works as the branch's owner, and only this thread.
     let _as_owner = AsOwner::enter(owner);
     let mut out = DiskCopy::default();
-    copy_dir(&src, &dst, here, owner, 0, &mut out)?;
+    copy_dir(src, dst, here, owner, 0, &mut out)?;
     Ok(out)
 }
 

@@ -10,6 +10,7 @@
 //! - `outcome`: the pure fold of what was observed into an `Outcome`;
 //! - `session`: a long-lived sandbox running the session supervisor, talked to in frames;
 //!   `session_fork`: a live session's fork into branches, with `disk_copy` (its disk);
+//!   `session_checkpoint`: a live session's checkpoint (a frozen fork kept) and restores;
 //!   `session_ahead`: a session's sandbox opened before its session, set up at hand-over;
 //! - `staging`: the host staging directory; `defaults`: what a sandbox gets unless told;
 //! - `check`: `forkbox check`'s probe of the host's mechanisms.
@@ -27,6 +28,7 @@ pub(crate) mod run;
 pub(crate) mod run_error;
 pub(crate) mod session;
 pub(crate) mod session_ahead;
+pub(crate) mod session_checkpoint;
 pub(crate) mod session_fork;
 pub(crate) mod staging;
 pub(crate) mod start;

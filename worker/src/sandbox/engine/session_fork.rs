@@ -27,7 +27,7 @@ use forkbox_queue::schema::Runtime;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use super::disk_copy::{copy_work, DiskCopy, DiskCopyError};
+use super::disk_copy::{copy_dir_in, copy_work, DiskCopy, DiskCopyError, DiskSource};
 use super::session::{OpenError, SandboxSession, SessionSpec};
 use super::start::Engine;
 use crate::sandbox::kernel::sys::{pidfd_open, pidfd_signal};
@@ -91,13 +91,13 @@ pub enum ForkError {
 }
 
 /// What the parent's freeze reported.
-struct Frozen {
+pub(super) struct Frozen {
     /// F's host pid and a pidfd pinning it.
-    pid: Pid,
-    pidfd: OwnedFd,
-    pause: Duration,
+    pub(super) pid: Pid,
+    pub(super) pidfd: OwnedFd,
+    pub(super) pause: Duration,
     /// Named for every branch: the parent's threads and other processes.
-    not_carried: Vec<String>,
+    pub(super) not_carried: Vec<String>,
 }
 
 impl Engine {
@@ -112,14 +112,7 @@ impl Engine {
         spec: &SessionSpec,
         n: usize,
     ) -> Result<SessionFork, ForkError> {
-        let warm = parent.runtime().is_some_and(|r| r.warm);
-        if spec.runtime != Some(Runtime::Python) || !warm {
-            let why = match parent.runtime() {
-                Some(r) => r.note.clone().unwrap_or_else(|| "it runs cold".into()),
-                None => "it asked for no runtime".into(),
-            };
-            return Err(ForkError::NotWarm(why));
-        }
+        self.check_forkable(parent, spec)?;
         let opened = self.open_branches(spec, n).await;
         if opened.iter().all(Result::is_err) {
             return Ok(SessionFork {
@@ -131,7 +124,7 @@ impl Engine {
                     .collect(),
             });
         }
-        let frozen = match freeze(parent).await {
+        let frozen = match freeze(parent, false).await {
             Ok(f) => f,
             Err(e) => {
                 for session in opened.into_iter().flatten() {
@@ -140,41 +133,80 @@ impl Engine {
                 return Err(e);
             }
         };
-        let limits = TwinLimits {
-            memory_bytes: spec.limits.resolve(&self.inner.config.defaults).memory_mb << 20,
-            timeout: TWIN_TIMEOUT,
-            skip_identical: false,
-        };
-        let parent_init = parent.host_pids().and_then(|p| p.first().copied());
-        let work = self.inner.config.work_dir.clone();
-        let targets: Vec<Option<(i32, i64)>> = opened
-            .iter()
-            .map(|b| b.as_ref().ok().and_then(twin_of))
-            .collect();
+        let disk = DiskSource::Sandbox(parent.host_pids().and_then(|p| p.first().copied()));
         let (f, pidfd) = (frozen.pid, frozen.pidfd);
-        let copies = tokio::task::spawn_blocking(move || {
-            let copies: Vec<_> = targets
-                .into_iter()
-                .map(|t| t.map(|t| copy_one(f, parent_init, t, &work, &limits)))
-                .collect();
-            // F served every copy: it goes (its parent reaps it at its next request).
+        // F served every copy: it goes (its parent reaps it at its next request).
+        let kill_f = move || {
             let _ = pidfd_signal(&pidfd, libc::SIGKILL);
-            copies
-        })
-        .await
-        .map_err(|e| ForkError::Freeze(format!("the copier stopped: {e}")))?;
-        let mut branches = Vec::with_capacity(n);
-        for (opened, copy) in opened.into_iter().zip(copies) {
-            branches.push(join(opened, copy, &frozen.not_carried).await);
-        }
+        };
+        let branches = self
+            .branch_from(f, disk, opened, spec, &frozen.not_carried, kill_f)
+            .await?;
         Ok(SessionFork {
             parent_pause: frozen.pause,
             branches,
         })
     }
 
+    /// Makes each opened branch a twin of the frozen copy `f` with a copy of `disk` (from one
+    /// blocking thread, which runs `after` once every copy is done), then joins it. Shared by
+    /// a fork (F then killed) and a checkpoint's restore (F kept).
+    pub(super) async fn branch_from(
+        &self,
+        f: Pid,
+        disk: DiskSource,
+        opened: Vec<Result<SandboxSession, ForkError>>,
+        spec: &SessionSpec,
+        not_carried: &[String],
+        after: impl FnOnce() + Send + 'static,
+    ) -> Result<Vec<Result<ForkedBranch, ForkError>>, ForkError> {
+        let limits = TwinLimits {
+            memory_bytes: spec.limits.resolve(&self.inner.config.defaults).memory_mb << 20,
+            timeout: TWIN_TIMEOUT,
+            skip_identical: false,
+        };
+        let work = self.inner.config.work_dir.clone();
+        let targets: Vec<Option<(i32, i64)>> = opened
+            .iter()
+            .map(|b| b.as_ref().ok().and_then(twin_of))
+            .collect();
+        let copies = tokio::task::spawn_blocking(move || {
+            let copies: Vec<_> = targets
+                .into_iter()
+                .map(|t| t.map(|t| copy_one(f, &disk, t, &work, &limits)))
+                .collect();
+            after();
+            copies
+        })
+        .await
+        .map_err(|e| ForkError::Freeze(format!("the copier stopped: {e}")))?;
+        let mut branches = Vec::with_capacity(opened.len());
+        for (opened, copy) in opened.into_iter().zip(copies) {
+            branches.push(join(opened, copy, not_carried).await);
+        }
+        Ok(branches)
+    }
+
+    /// Refuses a session not in the warm python runtime (a twin is copied from the same warm
+    /// interpreter).
+    pub(super) fn check_forkable(
+        &self,
+        parent: &SandboxSession,
+        spec: &SessionSpec,
+    ) -> Result<(), ForkError> {
+        let warm = parent.runtime().is_some_and(|r| r.warm);
+        if spec.runtime != Some(Runtime::Python) || !warm {
+            let why = match parent.runtime() {
+                Some(r) => r.note.clone().unwrap_or_else(|| "it runs cold".into()),
+                None => "it asked for no runtime".into(),
+            };
+            return Err(ForkError::NotWarm(why));
+        }
+        Ok(())
+    }
+
     /// Opens `n` branch sandboxes side by side, each with a kernel waiting for its copy.
-    async fn open_branches(
+    pub(super) async fn open_branches(
         &self,
         spec: &SessionSpec,
         n: usize,
@@ -215,9 +247,13 @@ fn twin_of(session: &SandboxSession) -> Option<(i32, i64)> {
     Some((init, kernel))
 }
 
-/// Has the parent's kernel fork F, and finds F from the host.
-async fn freeze(parent: &mut SandboxSession) -> Result<Frozen, ForkError> {
-    let result = call(parent, json!({"op": "fork_freeze"}))
+/// Has the parent's kernel fork F, and finds F from the host. A `checkpoint`'s F lets go of
+/// the kernel's pipes before it stops, and ends if continued other than by a twin copy.
+pub(super) async fn freeze(
+    parent: &mut SandboxSession,
+    checkpoint: bool,
+) -> Result<Frozen, ForkError> {
+    let result = call(parent, json!({"op": "fork_freeze", "checkpoint": checkpoint}))
         .await
         .map_err(ForkError::Freeze)?;
     if result["ok"] != true {
@@ -305,16 +341,21 @@ async fn freeze(parent: &mut SandboxSession) -> Result<Frozen, ForkError> {
 /// One branch's disk and twin, on the copier's thread.
 fn copy_one(
     f: Pid,
-    parent_init: Option<i32>,
+    disk: &DiskSource,
     (init, kernel): (i32, i64),
     work: &str,
     limits: &TwinLimits,
 ) -> Result<(DiskCopy, TwinReport), ForkError> {
-    let parent_init = parent_init.ok_or_else(|| ForkError::Locate {
-        what: "parent's init",
-        why: "not known".into(),
-    })?;
-    let disk = copy_work(parent_init, init, work)?;
+    let disk = match disk {
+        DiskSource::Sandbox(Some(parent_init)) => copy_work(*parent_init, init, work)?,
+        DiskSource::Sandbox(None) => {
+            return Err(ForkError::Locate {
+                what: "parent's init",
+                why: "not known".into(),
+            })
+        }
+        DiskSource::Dir(dir) => copy_dir_in(dir, init, work)?,
+    };
     let procs = sandbox_processes(init).map_err(|why| ForkError::Locate {
         what: "branch's sandbox",
         why,
@@ -414,16 +455,16 @@ async fn call(session: &mut SandboxSession, mut frame: Value) -> Result<Value, S
 }
 
 /// A process of a sandbox, as the host sees it.
-struct SandboxProcess {
-    host: i32,
+pub(super) struct SandboxProcess {
+    pub(super) host: i32,
     /// Its pid in the sandbox.
-    ns: i64,
-    comm: String,
-    state: char,
+    pub(super) ns: i64,
+    pub(super) comm: String,
+    pub(super) state: char,
 }
 
 /// The processes in the pid namespace of the sandbox whose init has host pid `init`.
-fn sandbox_processes(init: i32) -> Result<Vec<SandboxProcess>, String> {
+pub(super) fn sandbox_processes(init: i32) -> Result<Vec<SandboxProcess>, String> {
     let ns = std::fs::read_link(format!("/proc/{init}/ns/pid"))
         .map_err(|e| format!("/proc/{init}/ns/pid: {e}"))?;
     let mut out = Vec::new();

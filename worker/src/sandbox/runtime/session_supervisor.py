@@ -322,7 +322,7 @@ def kernel_main(ctrl_r, ctrl_w, twin=False):
                 os.environ.update(req["env"])
                 continue
             if req.get("fork"):
-                reply = fork_frozen(count)
+                reply = fork_frozen(count, req.get("checkpoint") is True)
             else:
                 count += 1
                 reply = run_cell(req.get("code", ""), count, ns)
@@ -343,10 +343,14 @@ def reap_frozen():
             FROZEN.remove(pid)
 
 
-def fork_frozen(count):
+def fork_frozen(count, checkpoint=False):
     """Forks a frozen copy F of this kernel, which stops at once. Here the parent answers with
     F's pid and its own pause; a twin made from F runs on below the stop, in its own sandbox,
-    and answers its new supervisor instead (on the same descriptor numbers, its own pipes)."""
+    and answers its new supervisor instead (on the same descriptor numbers, its own pipes).
+
+    A checkpoint's F lives on, stopped, beside the kernel: it lets go of the kernel's pipes
+    first (the supervisor sees the kernel's end by its replies pipe closing), and, continued
+    by anything but the twin copy (which gives it a supervisor's pipes again), it ends."""
     threads = []
     if "threading" in sys.modules:
         main = sys.modules["threading"].main_thread()
@@ -356,13 +360,31 @@ def fork_frozen(count):
     started = time.perf_counter()
     pid = os.fork()
     if pid == 0:
+        if checkpoint:
+            null = os.open("/dev/null", os.O_RDWR)
+            for fd in (1, 2):
+                os.dup2(null, fd)
+            os.close(null)
+            for fd in (KERNEL_CALLS_FD, KERNEL_REPLIES_FD):
+                os.close(fd)
         os.kill(os.getpid(), signal.SIGSTOP)
+        if checkpoint and not fd_is_open(KERNEL_REPLIES_FD):
+            # Continued where it was frozen, not as a twin: a checkpoint never runs.
+            os._exit(75)
         # A twin, continued in the branch's sandbox by the node.
         FROZEN.clear()
         return {"execution_count": count, "twin": True, "reseeded": reseed()}
     pause_us = int((time.perf_counter() - started) * 1e6)
     FROZEN.append(pid)
     return {"execution_count": count, "frozen": pid, "kernel": os.getpid(), "pause_us": pause_us, "threads": threads, "tasks": tasks}
+
+
+def fd_is_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
 
 
 def reseed():
@@ -719,7 +741,7 @@ class Supervisor:
         once and serves on."""
         k = self.kernel
         self.drain_stale(k)
-        write_all(k.to, encode_frame({"fork": True}))
+        write_all(k.to, encode_frame({"fork": True, "checkpoint": call.get("checkpoint") is True}))
         reply = self.kernel_frame(k)
         if reply is None or not isinstance(reply.get("frozen"), int):
             raise CallError("fork: the interpreter did not fork a frozen copy of itself")
