@@ -441,7 +441,9 @@ pub fn checkpoint_session(id: &str) -> Option<&str> {
     let (sid, rest) = (id.get(..cut)?, id.get(cut..)?);
     let hex = rest.strip_prefix('.')?;
     let ok = hex.len() == CHECKPOINT_ID_RANDOM
-        && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
     (ok && check_id("session", sid).is_ok()).then_some(sid)
 }
 
@@ -711,8 +713,17 @@ mod tests {
         let sid = "0190f1e2-aaaa-7bbb-8ccc-123456789abc";
         let cp = new_checkpoint_id(sid);
         assert_eq!(checkpoint_session(&cp), Some(sid));
-        assert_eq!(checkpoint_session("a.b.0123456789abcdef0123456789abcdef"), Some("a.b"));
-        for bad in ["", "x", "s.0123", "s.0123456789ABCDEF0123456789abcdef", ".0123456789abcdef0123456789abcdef"] {
+        assert_eq!(
+            checkpoint_session("a.b.0123456789abcdef0123456789abcdef"),
+            Some("a.b")
+        );
+        for bad in [
+            "",
+            "x",
+            "s.0123",
+            "s.0123456789ABCDEF0123456789abcdef",
+            ".0123456789abcdef0123456789abcdef",
+        ] {
             assert_eq!(checkpoint_session(bad), None, "{bad:?}");
         }
         let restore = |session: &str, cp: &str| Call {
@@ -721,11 +732,22 @@ mod tests {
         };
         assert!(restore(sid, &cp).validate(60_000).is_ok());
         let other = restore("another", &cp).validate(60_000).unwrap_err();
-        assert!(other.to_string().contains("is a checkpoint of session"), "{other}");
+        assert!(
+            other.to_string().contains("is a checkpoint of session"),
+            "{other}"
+        );
         let junk = restore(sid, "nope").validate(60_000).unwrap_err();
-        assert!(junk.to_string().contains("is not a checkpoint's id"), "{junk}");
-        let missing = Call::new(sid, CallOp::Restore).validate(60_000).unwrap_err();
-        assert!(missing.to_string().contains("needs `checkpoint`"), "{missing}");
+        assert!(
+            junk.to_string().contains("is not a checkpoint's id"),
+            "{junk}"
+        );
+        let missing = Call::new(sid, CallOp::Restore)
+            .validate(60_000)
+            .unwrap_err();
+        assert!(
+            missing.to_string().contains("needs `checkpoint`"),
+            "{missing}"
+        );
         let ttl = Call {
             ttl_s: Some(60),
             ..Call::new(sid, CallOp::Checkpoint)

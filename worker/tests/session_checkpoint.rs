@@ -19,7 +19,10 @@ fn engine() -> Engine {
 
 fn spec() -> SessionSpec {
     let mut files = BTreeMap::new();
-    files.insert("notes.txt".to_owned(), FileData::Text("at the start\n".into()));
+    files.insert(
+        "notes.txt".to_owned(),
+        FileData::Text("at the start\n".into()),
+    );
     SessionSpec {
         runtime: Some(Runtime::Python),
         ttl_ms: 180_000,
@@ -68,7 +71,11 @@ async fn a_checkpoint_restores_what_the_session_held_when_it_was_taken() {
     let f = cp.frozen_pid().as_raw();
     assert!(cp.disk.files >= 1, "{:?}", cp.disk);
     let disk_dir = cp.disk_dir();
-    assert!(disk_dir.join("notes.txt").is_file(), "{}", disk_dir.display());
+    assert!(
+        disk_dir.join("notes.txt").is_file(),
+        "{}",
+        disk_dir.display()
+    );
     // It keeps no CPU: stopped, and its CPU time does not move while the session works.
     assert_eq!(state_of(f), 'T');
     let ticks = cpu_ticks(f);
@@ -77,7 +84,10 @@ async fn a_checkpoint_restores_what_the_session_held_when_it_was_taken() {
     // Its memory is the session's: the session lets go of 48 MiB, the checkpoint keeps it.
     value(&mut parent, "del blob\nimport gc; gc.collect()").await;
     let held_kb = parent.usage().memory_kb;
-    assert!(held_kb > 40 << 10, "{held_kb} KiB counted with the checkpoint held");
+    assert!(
+        held_kb > 40 << 10,
+        "{held_kb} KiB counted with the checkpoint held"
+    );
     // The session breaks its environment: a variable and a file.
     value(
         &mut parent,
@@ -100,10 +110,7 @@ async fn a_checkpoint_restores_what_the_session_held_when_it_was_taken() {
             value(s, "open('notes.txt').read()").await,
             "'at the start\\ncheckpointed\\n'"
         );
-        assert_eq!(
-            value(s, "import os; os.path.exists('junk')").await,
-            "False"
-        );
+        assert_eq!(value(s, "import os; os.path.exists('junk')").await, "False");
     }
     // Two restores are two sessions: one's change is not the other's, nor the parent's.
     value(&mut first, "x = 1\nopen('notes.txt', 'w').write('first')").await;

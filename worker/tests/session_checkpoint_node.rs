@@ -76,7 +76,12 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     let args = ["--max-sessions", "3", "--max-session-checkpoints", "2"];
     let (_server, _w, q) = node(tmp.path(), "cp-node-1", &args).await;
     let p: SessionOpened = open_session(&q, &create()).await;
-    text(&q, &p.id, "x = 41\nopen('notes.txt', 'a').write('checkpointed\\n')").await;
+    text(
+        &q,
+        &p.id,
+        "x = 41\nopen('notes.txt', 'a').write('checkpointed\\n')",
+    )
+    .await;
 
     let r = result(&q, checkpoint(&p.id, None)).await;
     assert_eq!(r["ok"], true, "{r:?}");
@@ -123,19 +128,26 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     );
     let q2 = q.clone();
     let pid = p.id.clone();
-    poll(Duration::from_secs(10), "the short checkpoint's end", || {
-        let (q, pid) = (q2.clone(), pid.clone());
-        async move {
-            let info = q.session_info(&pid).await.unwrap().unwrap();
-            (info.checkpoints.len() == 1).then_some(())
-        }
-    })
+    poll(
+        Duration::from_secs(10),
+        "the short checkpoint's end",
+        || {
+            let (q, pid) = (q2.clone(), pid.clone());
+            async move {
+                let info = q.session_info(&pid).await.unwrap().unwrap();
+                (info.checkpoints.len() == 1).then_some(())
+            }
+        },
+    )
     .await;
     assert_eq!(disk_copies(tmp.path()), 1);
     let r = result(&q, on_checkpoint(&short, CallOp::Restore)).await;
     assert_eq!(r["ok"], false, "{r:?}");
     let error = r["error"].as_str().unwrap();
-    assert!(error.contains(&short) && error.contains("is unknown"), "{error}");
+    assert!(
+        error.contains(&short) && error.contains("is unknown"),
+        "{error}"
+    );
 
     // Past the node's capacity (three sessions: the parent and two restored), said so.
     let r = result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
@@ -154,10 +166,7 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     let info = q.session_info(&p.id).await.unwrap().unwrap();
     assert!(info.checkpoints.is_empty(), "{info:?}");
     let r = result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
-    assert!(
-        r["error"].as_str().unwrap().contains("is unknown"),
-        "{r:?}"
-    );
+    assert!(r["error"].as_str().unwrap().contains("is unknown"), "{r:?}");
 
     // A checkpoint ends with its session (it lives in the session's sandbox).
     let r = result(&q, checkpoint(&p.id, None)).await;

@@ -260,9 +260,18 @@ pub async fn main(cmd: SessionCommand) -> anyhow::Result<ExitCode> {
             check_ok(&r)?;
             let id = r.get("id").and_then(Value::as_str).unwrap_or_default();
             println!("{}", for_stdout(id));
-            for what in r.get("not_carried").and_then(Value::as_array).into_iter().flatten() {
+            for what in r
+                .get("not_carried")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let what = what.as_str().unwrap_or_default();
-                eprintln!("forkbox: {}: not carried: {}", for_stderr(id), for_stderr(what));
+                eprintln!(
+                    "forkbox: {}: not carried: {}",
+                    for_stderr(id),
+                    for_stderr(what)
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -299,7 +299,10 @@ impl WorkerSettings {
         set(&mut c.sessions.ceilings.ttl_s, self.max_session_ttl);
         set(&mut c.sessions.ceilings.idle_s, self.max_session_idle);
         set(&mut c.sessions.pool, self.session_pool);
-        set(&mut c.sessions.max_checkpoints, self.max_session_checkpoints);
+        set(
+            &mut c.sessions.max_checkpoints,
+            self.max_session_checkpoints,
+        );
         // A maximum below a default lowers the default, as for the limits.
         c.queue.max_attempts = c.queue.max_attempts.min(c.ceilings.max_attempts);
         c.queue.result_ttl_s = c.queue.result_ttl_s.min(c.ceilings.result_ttl_s);

@@ -79,7 +79,9 @@ async fn restore(
     if !record_branches(queue, setup, rights, ids, (now_ms, expires_ms), &made).await {
         b.session.kill().await;
         sessions.release_branch(&sid);
-        return failed("the restored session could not be recorded: its parent is no longer live".into());
+        return failed(
+            "the restored session could not be recorded: its parent is no longer live".into(),
+        );
     }
     let mut out = Map::new();
     out.insert("ok".into(), json!(true));

@@ -78,7 +78,9 @@ pub(crate) trait Checkpointer: Send + Sync {
     fn checkpoint<'a>(
         &'a self,
         session: &'a mut SandboxSession,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<SessionCheckpoint, String>> + Send + 'a>>;
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<SessionCheckpoint, String>> + Send + 'a>,
+    >;
     /// Restores `cp` (of id `id`) as a new session, reserved, recorded and started: the
     /// fields of the `restore` call's result.
     fn restore<'a>(
@@ -192,7 +194,11 @@ impl SessionTask {
                 return ending;
             }
             let next = self.clocks.next(busy);
-            let next = self.checkpoints.iter().map(|h| h.expires).fold(next, Instant::min);
+            let next = self
+                .checkpoints
+                .iter()
+                .map(|h| h.expires)
+                .fold(next, Instant::min);
             let wake = tokio::time::Instant::from_std(next);
             let step = tokio::select! {
                 cmd = self.calls.recv() => match cmd {
@@ -394,9 +400,10 @@ impl SessionTask {
 
     /// The live checkpoints, as `info` and the session's hash list them.
     fn checkpoint_list(&self) -> Value {
-        let list = self.checkpoints.iter().map(|h| {
-            json!({"id": h.id, "created_ms": h.created_ms, "expires_ms": h.expires_ms})
-        });
+        let list = self
+            .checkpoints
+            .iter()
+            .map(|h| json!({"id": h.id, "created_ms": h.created_ms, "expires_ms": h.expires_ms}));
         Value::Array(list.collect())
     }
 

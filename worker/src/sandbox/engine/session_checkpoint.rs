@@ -31,6 +31,9 @@ use super::session_fork::{freeze, ForkError, ForkedBranch};
 use super::start::Engine;
 use crate::sandbox::kernel::sys::pidfd_signal;
 
+/// How long F may take to be back in its stop once a copy let it go.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A checkpoint of a live session: its frozen interpreter and its disk's copy. Dropped, it
 /// ends: F is killed (the session's kernel reaps it) and the disk's copy removed.
 pub struct SessionCheckpoint {
@@ -128,8 +131,10 @@ impl Engine {
             .await?
             .pop()
             .expect("one branch asked, one answered");
-        // The copy's own stops and starts under ptrace count as F's switches: seen again.
-        let seen = cp.check(None);
+        // Let go by the copier, F runs in the kernel for a moment to stop again (its group
+        // stop is still in effect): it is seen again once stopped, and the switches of the
+        // copy's own stops and starts become the ones to compare with.
+        let seen = cp.settled().await;
         match (branch, seen) {
             (Ok(b), Ok(switches)) => {
                 cp.switches = switches;
@@ -155,6 +160,19 @@ impl SessionCheckpoint {
         match &self.dir {
             Some(d) => d.path().join("disk"),
             None => PathBuf::new(),
+        }
+    }
+
+    /// [`Self::check`] once F is back in its stop after a copy, within [`SETTLE_WAIT`].
+    async fn settled(&self) -> Result<u64, CheckpointError> {
+        let started = std::time::Instant::now();
+        loop {
+            match self.check(None) {
+                Err(CheckpointError::Changed(_)) if started.elapsed() < SETTLE_WAIT => {
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+                other => return other,
+            }
         }
     }
 
@@ -244,7 +262,10 @@ fn remove_tree(dir: &Path) {
     }
     open_up(dir);
     if let Err(e) = std::fs::remove_dir_all(dir) {
-        tracing::warn!("a checkpoint's directory {} was not removed: {e}", dir.display());
+        tracing::warn!(
+            "a checkpoint's directory {} was not removed: {e}",
+            dir.display()
+        );
     }
 }
 

@@ -253,9 +253,12 @@ pub(super) async fn freeze(
     parent: &mut SandboxSession,
     checkpoint: bool,
 ) -> Result<Frozen, ForkError> {
-    let result = call(parent, json!({"op": "fork_freeze", "checkpoint": checkpoint}))
-        .await
-        .map_err(ForkError::Freeze)?;
+    let result = call(
+        parent,
+        json!({"op": "fork_freeze", "checkpoint": checkpoint}),
+    )
+    .await
+    .map_err(ForkError::Freeze)?;
     if result["ok"] != true {
         return Err(ForkError::Freeze(
             result["error"].as_str().unwrap_or("no reason given").into(),
