@@ -87,7 +87,7 @@ CALLS_MAXLEN: int = _DEFAULTS.get("calls_maxlen", 10000)
 #: The runtime a session gets when none is named: the warm interpreter serves ``run_code``.
 DEFAULT_SESSION_RUNTIME = "python"
 
-_OPS = ("run_code", "exec", "files_write", "files_read", "files_list", "files_remove", "interrupt", "set_timeout", "kill", "info", "fork")
+_OPS = ("run_code", "exec", "files_write", "files_read", "files_list", "files_remove", "interrupt", "set_timeout", "kill", "info", "fork", "checkpoint", "restore", "drop_checkpoint")
 
 
 # -- the contract's names ---------------------------------------------------------------------
