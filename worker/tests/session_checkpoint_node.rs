@@ -199,7 +199,7 @@ fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_checkpoints_restores_and_drops() {
-    let (server, _w, _q) = session_node("cp-node-2", &["--max-sessions", "4"]).await;
+    let (server, _w, q) = session_node("cp-node-2", &["--max-sessions", "4"]).await;
     let url = server.url();
     let (code, out, err) = cli(&url, &["session", "create", "--runtime", "python"]);
     assert_eq!(code, 0, "{err}");
@@ -217,6 +217,17 @@ async fn the_cli_checkpoints_restores_and_drops() {
     let back = out.trim().to_owned();
     let (code, out, err) = cli(&url, &["session", "run-code", &back, "y"]);
     assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
+    // Another session cannot be asked for it: the call names the session it is not of.
+    let other = open_session(&q, &session_job()).await;
+    let call = Call {
+        checkpoint: Some(cp.clone()),
+        ..Call::new(&other.id, CallOp::Restore)
+    };
+    let refused = match q.call_session(&call, Duration::from_secs(60), &mut |_| {}).await {
+        Ok(event) => format!("{event:?}"),
+        Err(e) => e.to_string(),
+    };
+    assert!(refused.contains("is a checkpoint of session"), "{refused}");
     let (code, _, err) = cli(&url, &["session", "drop-checkpoint", &cp]);
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = cli(&url, &["session", "restore", &cp]);
