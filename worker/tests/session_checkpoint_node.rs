@@ -223,7 +223,10 @@ async fn the_cli_checkpoints_restores_and_drops() {
         checkpoint: Some(cp.clone()),
         ..Call::new(&other.id, CallOp::Restore)
     };
-    let refused = match q.call_session(&call, Duration::from_secs(60), &mut |_| {}).await {
+    let refused = match q
+        .call_session(&call, Duration::from_secs(60), &mut |_| {})
+        .await
+    {
         Ok(event) => format!("{event:?}"),
         Err(e) => e.to_string(),
     };
