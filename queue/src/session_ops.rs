@@ -447,9 +447,25 @@ impl Queue {
             .map_err(|e| self.session_err(e))
     }
 
-    /// The entry id calls added from now on get past: where a node starts reading its calls.
-    pub fn calls_start_id() -> String {
-        format!("{}-0", now_ms())
+    /// Where node `node` starts reading its calls: the id of the last entry of its calls
+    /// stream as Redis has it now (`0-0` when the stream is empty or absent). Redis gives
+    /// every entry added later a greater id, so a reader that starts here reads every call
+    /// added from now on, whatever the node's clock says against Redis' own. Calls added
+    /// before (a previous life's of the node's name) are not read.
+    pub async fn calls_start_id(&self, node: &str) -> Result<String, QueueError> {
+        let got: Value = redis::cmd("XREVRANGE")
+            .arg(self.keys.calls(node))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut self.conn())
+            .await
+            .map_err(|e| self.session_err(e))?;
+        Ok(crate::reply::entries(&got)
+            .into_iter()
+            .next()
+            .map_or_else(|| "0-0".to_owned(), |e| e.id))
     }
 
     /// Reads up to `count` calls to node `node` added after entry `after`, blocking up to

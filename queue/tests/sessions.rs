@@ -61,7 +61,8 @@ async fn a_call_travels_to_the_node_and_its_events_back() {
         .heartbeat(NODE, Duration::from_secs(30))
         .await
         .unwrap();
-    let start = forkbox_queue::Queue::calls_start_id();
+    let start = queue.calls_start_id(NODE).await.unwrap();
+    assert_eq!(start, "0-0", "no calls yet");
     let sid = open(&queue).await;
     let opened = queue
         .wait_opened(&sid, Duration::from_secs(1))
@@ -129,6 +130,52 @@ async fn a_call_travels_to_the_node_and_its_events_back() {
         other => panic!("{other:?}"),
     }
     assert!(queue.live_sessions().await.unwrap().is_empty());
+}
+
+/// A node reads its calls from the end its calls stream had at its start, as Redis numbers
+/// the entries: a call added after is read, one added before is not, and a trimmed stream
+/// still has its last entry to start from.
+#[tokio::test]
+async fn a_node_reads_the_calls_added_after_its_start() {
+    let (_server, queue) = server_and_queue(QueueConfig::default()).await;
+    queue
+        .heartbeat(NODE, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let sid = open(&queue).await;
+    let before = Call::run_code(&sid, "1");
+    queue.send_call(&before).await.unwrap();
+    let start = queue.calls_start_id(NODE).await.unwrap();
+    assert_ne!(start, "0-0");
+    let after = Call::run_code(&sid, "2");
+    queue.send_call(&after).await.unwrap();
+    let read = |from: String| {
+        let queue = queue.clone();
+        async move {
+            let calls = queue
+                .read_calls(NODE, &from, 10, Duration::from_secs(1))
+                .await
+                .unwrap();
+            calls
+                .iter()
+                .map(|(_, p)| Call::parse(p, 60_000).unwrap())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(read(start).await, vec![after.clone()]);
+    // Trimmed to its last entry: the start is that entry, and what comes next is read.
+    let calls_key = queue.keys().calls(NODE);
+    let _: i64 = forkbox_queue::redis::cmd("XTRIM")
+        .arg(&calls_key)
+        .arg("MAXLEN")
+        .arg(1)
+        .query_async(&mut queue.broker().connection())
+        .await
+        .unwrap();
+    let start = queue.calls_start_id(NODE).await.unwrap();
+    let next = Call::run_code(&sid, "3");
+    queue.send_call(&next).await.unwrap();
+    assert_eq!(read(start).await, vec![next]);
 }
 
 #[tokio::test]

@@ -70,10 +70,19 @@ def tree():
     return out
 limits = {n: resource.getrlimit(getattr(resource, n)) for n in dir(resource) if n.startswith('RLIMIT_')}
 um = os.umask(0); os.umask(um)
+import linecache
 (sorted(os.environ.items()), sys.argv, os.getcwd(), oct(um), tree(), sorted(limits.items()),
- sorted(os.listdir('/proc/self/fd')), sorted(sys.modules))
+ sorted(os.listdir('/proc/self/fd')), sorted(sys.modules), sorted(globals()),
+ sorted(linecache.cache))
 "#;
+    // A prepared kernel ran a throwaway cell before its session: nothing of it shows (its
+    // output, its names, its number, its source).
     let first = run(session, "1").await;
+    assert_eq!(
+        (&first["stdout"], &first["stderr"]),
+        (&json!(""), &json!("")),
+        "{first}"
+    );
     let seen = run(session, probe).await;
     assert_eq!(seen["ok"], true, "{seen}");
     let exec = call(

@@ -63,6 +63,7 @@ pub mod preflight;
 pub mod reader;
 pub(crate) mod seam;
 pub(crate) mod session;
+pub(crate) mod session_calls;
 pub(crate) mod session_checkpoint;
 pub(crate) mod session_fork;
 pub(crate) mod session_pool;

@@ -4,8 +4,8 @@
 //! dispatcher ([`Sessions::open`]): it takes no engine slot, and its admission is given back
 //! once the session is open (or refused). The session then lives in its own task
 //! ([`session_task`](crate::node::session_task)), which owns its sandbox. One reader task per
-//! queue partition reads `calls:<node>` (plain `XREAD BLOCK` from the node's start, retried
-//! with back-off while Redis is away) and routes each call to its session's task.
+//! queue partition ([`session_calls`](crate::node::session_calls)) reads `calls:<node>` from
+//! the node's start and hands each call here, to be routed to its session's task.
 //! docs/protocol.md ("Sessions") is the contract.
 
 use std::collections::HashMap;
@@ -23,11 +23,13 @@ use crate::node::config::SessionSettings;
 use crate::node::health::{Backoff, RedisHealth};
 use crate::node::metrics as m;
 use crate::node::outbox::Outbox;
+use crate::node::session_calls::{self, Route};
 use crate::node::session_fork::{branches_that_fit, ForkRights};
 use crate::node::session_pool::SessionPool;
 use crate::node::session_relay::capacity_refusal;
 use crate::node::session_task::{BranchSeats, Cmd, SessionTask, TaskSetup};
 use crate::node::shared::{Queued, SessionOpener, Shared};
+use crate::node::stop::StopLevel;
 use crate::sandbox::{Engine, OpenError, SandboxSession, SessionShape, SessionSpec};
 
 /// How long a stopping node waits for its sessions to end and be recorded.
@@ -86,12 +88,28 @@ impl Sessions {
         }
     }
 
-    /// Starts the calls readers, one per queue partition, and the pool's filling.
-    pub(crate) fn start(self: &Arc<Self>) {
-        for queue in self.queues.queues() {
-            let task = tokio::spawn(self.clone().read_calls(queue.clone()));
-            self.tasks.lock().expect("tasks lock").push(task);
-        }
+    /// Starts the calls readers, one per queue partition, and the pool's filling. Returns
+    /// once every reader has taken its start from Redis, so a call added to a session opened
+    /// from then on is read ([`session_calls`](crate::node::session_calls)); waits while Redis
+    /// is away, unless the node is asked to stop first.
+    pub(crate) async fn start(self: &Arc<Self>, node_stop: &mut watch::Receiver<StopLevel>) {
+        let me = self.clone();
+        let route: Route = Arc::new(move |queue: &Queue, payload: &[u8]| {
+            me.route(queue, payload, me.max_call_timeout_ms);
+        });
+        let readers = session_calls::start(
+            &self.queues,
+            &self.name,
+            &self.health,
+            node_stop,
+            &self.stop_reading,
+            route,
+        )
+        .await;
+        let Some(readers) = readers else {
+            return;
+        };
+        self.tasks.lock().expect("tasks lock").extend(readers);
         // After the readers: its first preparation must not hold up their start.
         let live = self.live.clone();
         let usage = Arc::new(move || {
@@ -375,37 +393,6 @@ impl Sessions {
         ::metrics::gauge!(m::SESSIONS_LIVE).set(live.len() as f64);
         drop(live);
         self.pool.notify();
-    }
-
-    /// Reads this node's calls on `queue` (one partition) until the node stops.
-    async fn read_calls(self: Arc<Self>, queue: Queue) {
-        let mut after = Queue::calls_start_id();
-        let mut backoff = Backoff::default();
-        let mut stop = self.stop_reading.subscribe();
-        let max_timeout_ms = self.max_call_timeout_ms;
-        loop {
-            let read = queue.read_calls(&self.name, &after, 64, Duration::from_millis(1000));
-            let got = tokio::select! {
-                r = read => r,
-                _ = stop.wait_for(|s| *s) => return,
-            };
-            match got {
-                Ok(calls) => {
-                    backoff.reset();
-                    for (entry, payload) in calls {
-                        after = entry;
-                        self.route(&queue, &payload, max_timeout_ms);
-                    }
-                }
-                Err(e) => {
-                    self.health.failed("reading session calls", &e);
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                        _ = stop.wait_for(|s| *s) => return,
-                    }
-                }
-            }
-        }
     }
 
     /// Hands one call to its session's task, or answers it at once when it cannot run.

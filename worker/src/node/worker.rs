@@ -138,7 +138,8 @@ impl Node {
                 .ceilings
                 .clamp_defaults(&forkbox_queue::schema::EffectiveLimits::default()),
         ));
-        sessions.start();
+        // Before the job's path and the heartbeat: no session of this node exists yet.
+        sessions.start(&mut stop_rx).await;
         let opener: Arc<dyn crate::node::shared::SessionOpener> = sessions.clone();
         let _ = parts.shared.sessions.set(opener);
         start_beside(&parts.shared, &set, &broker, prober, &mut background);

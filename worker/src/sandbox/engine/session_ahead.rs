@@ -4,8 +4,11 @@
 //! yet. [`PreparedSession::hand_over`] gives it a session's environment and files in one
 //! `setup` frame, the supervisor's first call, and returns the live [`SandboxSession`].
 //!
-//! A prepared sandbox has run no code but the supervisor's own start: its environment is the
-//! sandbox's default one, `/work` is empty, its kernel has run no cell. What a fresh session
+//! A prepared sandbox has run no code but the supervisor's own start and its kernel's
+//! throwaway cell (in a namespace of its own, uncounted, its output drained: it copies the
+//! pages a cell's paths write before the session rather than in its first cell): its
+//! environment is the sandbox's default one, `/work` is empty, its kernel has run no cell of
+//! a session's. What a fresh session
 //! gets at its start is then what the setup gives it: the environment (in the supervisor and
 //! the kernel, whose cells have not begun) and the files, written as the launcher writes
 //! them. A spec whose environment the interpreter reads at its start or the warm runtime's

@@ -316,6 +316,12 @@ def kernel_main(ctrl_r, ctrl_w, twin=False):
             continue
         reap_frozen()
         for req in frames:
+            if req.get("warm"):
+                # A prepared session's throwaway cell (see Supervisor.warm_up): uncounted, in
+                # a namespace of its own, its output discarded.
+                warm_up_cell()
+                write_all(ctrl_w, encode_frame({"execution_count": count, "warm": True}))
+                continue
             if "env" in req:
                 # A prepared session's environment, before any cell (see Supervisor.setup);
                 # unanswered: the cells that follow on this pipe come after it.
@@ -327,6 +333,17 @@ def kernel_main(ctrl_r, ctrl_w, twin=False):
                 count += 1
                 reply = run_cell(req.get("code", ""), count, ns)
             write_all(ctrl_w, encode_frame(reply))
+
+
+def warm_up_cell():
+    """Runs a throwaway cell through every step a session's cell takes (parse, compile, exec,
+    eval, repr, display data, the flush), so the pages those paths write, shared with the
+    warm zygote until written, are copied now rather than in the session's first cell."""
+    ns = {"__builtins__": builtins}
+    run_cell("def _f(x):\n    return [x, {'k': (x, 1.5)}]\n_f(1)", 0, ns)
+    # Its output goes down the kernel's real stdout, which the supervisor drains.
+    run_cell("print(1)\n1 / 0", 0, ns)
+    linecache.cache.pop("<cell 0>", None)
 
 
 # Frozen forks this kernel made, reaped once the node has killed them.
@@ -663,7 +680,19 @@ class Supervisor:
         self.kernel.close()
         os._exit(code)
 
+    def warm_up(self):
+        """A prepared sandbox's warm-up before its hello: the kernel runs a throwaway cell and
+        the supervisor takes a memory figure, so neither path is first run in the session's
+        first call."""
+        k = self.kernel
+        write_all(k.to, encode_frame({"warm": True}))
+        self.kernel_frame(k)
+        self.drain_stale(k)
+        session_memory_kb()
+
     def serve(self):
+        if self.awaiting_setup:
+            self.warm_up()
         hello = {"kind": "ready", "pid": os.getpid(), "python": sys.version.split()[0], "kernel": self.kernel.pid}
         if self.kernel.waiting:
             hello["twin_waiting"] = True
