@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Runs inside the VM tier's guest, as root in the root cgroup: each line of OUT/plan is a test
-# binary and its filters, run with a bound; logs and exit codes go to OUT, then OUT/done.
+# Runs inside the VM tier's guest, as root in the root cgroup: each line of OUT/plan
+# (tests/vm/plan.sh: a name, the row's own environment, a test binary and its filters) is run
+# with a bound; logs, exit codes and seconds taken go to OUT, then OUT/done.
 set -u
 OUT=$1
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/vm/plan.sh
+. "$HERE/plan.sh"
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 export FORKBOX_REQUIRE_RUNTIMES=1 FORKBOX_VM_GUEST=1 RUST_BACKTRACE=1 TMPDIR=/tmp
 {
@@ -11,9 +15,17 @@ export FORKBOX_REQUIRE_RUNTIMES=1 FORKBOX_VM_GUEST=1 RUST_BACKTRACE=1 TMPDIR=/tm
   echo "controllers: $(cat /sys/fs/cgroup/cgroup.controllers)"
   ./target/debug/forkbox check
 } >"$OUT/check.log" 2>&1
-while IFS=$'\t' read -r name bin args; do
-  # shellcheck disable=SC2086 # the filters are words
-  timeout --kill-after=10 900 "$bin" $args --test-threads=2 --nocapture >"$OUT/$name.log" 2>&1
+while IFS= read -r line; do
+  plan_fields "$line"
+  words=()
+  [ "$env" = - ] || read -r -a words <<<"$env"
+  read -r -a filters <<<"$args"
+  start=$(date +%s)
+  {
+    echo "environment: ${words[*]:-(the guest's)}"
+    timeout --kill-after=10 900 env "${words[@]}" "$bin" "${filters[@]}" --test-threads=2 --nocapture
+  } >"$OUT/$name.log" 2>&1
   echo $? >"$OUT/$name.rc"
+  echo $(($(date +%s) - start)) >"$OUT/$name.seconds"
 done <"$OUT/plan"
 touch "$OUT/done"
