@@ -22,7 +22,11 @@ while IFS= read -r line; do
   read -r -a filters <<<"$args"
   start=$(date +%s)
   {
-    echo "environment: ${words[*]:-(the guest's)}"
+    if [ ${#words[@]} = 0 ]; then
+      echo "environment: the guest's own"
+    else
+      echo "environment: the guest's own with ${words[*]}"
+    fi
     timeout --kill-after=10 900 env "${words[@]}" "$bin" "${filters[@]}" --test-threads=2 --nocapture
   } >"$OUT/$name.log" 2>&1
   echo $? >"$OUT/$name.rc"

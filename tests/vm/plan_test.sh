@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Checks tests/vm/plan.sh: a well-formed plan passes plan_check, each malformed row fails it
-# with a message naming the problem, and plan_fields keeps empty fields in their place.
+# Checks tests/vm/plan.sh and guest.sh on the host: a well-formed plan passes plan_check, each
+# malformed row fails it with a message naming the problem, plan_fields keeps empty fields in
+# their place, and guest.sh runs each row with that row's environment alone.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/vm/plan.sh
@@ -59,6 +60,28 @@ plan_fields "n${T}-${T}${T}args"
 [ "$name|$env|$bin|$args" = "n|-||args" ] || { echo "FAIL: fields $name|$env|$bin|$args"; failed=1; }
 plan_fields "n${T}-${T}/b${T}"
 [ "$name|$env|$bin|$args" = "n|-|/b|" ] || { echo "FAIL: fields $name|$env|$bin|$args"; failed=1; }
+
+# guest.sh on this host, over stand-ins for `forkbox check` and the test binaries: each row
+# gets its own environment alone, its arguments as words, and its exit code.
+mkdir -p "$DIR/root/target/debug" "$DIR/out"
+printf '#!/bin/sh\necho check\n' >"$DIR/root/target/debug/forkbox"
+printf '#!/bin/sh\necho "net=${FORKBOX_NETWORK_DEFAULT-unset} guest=$FORKBOX_VM_GUEST args=$*"\nexit ${PROBE_EXIT:-0}\n' \
+  >"$DIR/probe"
+chmod +x "$DIR/root/target/debug/forkbox" "$DIR/probe"
+printf '%s\n' "a${T}-${T}$DIR/probe${T}x y*" "b${T}FORKBOX_NETWORK_DEFAULT=loopback${T}$DIR/probe${T}" \
+  "c${T}-${T}$DIR/probe${T}z" >"$DIR/out/plan"
+(cd "$DIR/root" && env -u FORKBOX_NETWORK_DEFAULT PROBE_EXIT=3 bash "$HERE/guest.sh" "$DIR/out")
+for want in "a:net=unset guest=1 args=x y* --test-threads=2 --nocapture:3" \
+  "b:net=loopback guest=1 args=--test-threads=2 --nocapture:3" \
+  "c:net=unset guest=1 args=z --test-threads=2 --nocapture:3"; do
+  IFS=: read -r row line code <<<"$want"
+  if ! grep -qxF "$line" "$DIR/out/$row.log" || [ "$(cat "$DIR/out/$row.rc")" != "$code" ] ||
+    ! [ -s "$DIR/out/$row.seconds" ]; then
+    echo "FAIL: guest row $row: $(cat "$DIR/out/$row.log" "$DIR/out/$row.rc"), not '$line' and exit $code"
+    failed=1
+  fi
+done
+[ -f "$DIR/out/done" ] || { echo "FAIL: guest.sh did not finish"; failed=1; }
 
 [ $failed = 0 ] && echo "vm plan checks: passed"
 exit $failed
