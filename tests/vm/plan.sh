@@ -19,7 +19,7 @@ declare -A PLAN_VARIABLES=(
 # plan_check FILE: prints every malformed row of FILE, naming its line and the problem, and
 # fails if there is one (or no row at all).
 plan_check() {
-  local file=$1 line n=0 bad=0 tabs name env bin args extra word var value
+  local file=$1 line n=0 bad=0 tabs name env bin args word var value
   local -a words
   local -A seen=()
   local -A vars
@@ -88,5 +88,5 @@ plan_check() {
 # plan_fields LINE: sets name, env, bin and args (the caller's) from a row; an empty field stays
 # empty (tabs are IFS whitespace to read, which would fold two of them into one).
 plan_fields() {
-  IFS=$'\x1f' read -r name env bin args extra <<<"${1//$'\t'/$'\x1f'}"
+  IFS=$'\x1f' read -r name env bin args <<<"${1//$'\t'/$'\x1f'}"
 }

@@ -65,12 +65,13 @@ plan_fields "n${T}-${T}/b${T}"
 # gets its own environment alone, its arguments as words, and its exit code.
 mkdir -p "$DIR/root/target/debug" "$DIR/out"
 printf '#!/bin/sh\necho check\n' >"$DIR/root/target/debug/forkbox"
+# shellcheck disable=SC2016 # the stand-in's own expansions
 printf '#!/bin/sh\necho "net=${FORKBOX_NETWORK_DEFAULT-unset} guest=$FORKBOX_VM_GUEST args=$*"\nexit ${PROBE_EXIT:-0}\n' \
   >"$DIR/probe"
 chmod +x "$DIR/root/target/debug/forkbox" "$DIR/probe"
 printf '%s\n' "a${T}-${T}$DIR/probe${T}x y*" "b${T}FORKBOX_NETWORK_DEFAULT=loopback${T}$DIR/probe${T}" \
   "c${T}-${T}$DIR/probe${T}z" >"$DIR/out/plan"
-(cd "$DIR/root" && env -u FORKBOX_NETWORK_DEFAULT PROBE_EXIT=3 bash "$HERE/guest.sh" "$DIR/out")
+(cd "$DIR/root" && env -u FORKBOX_NETWORK_DEFAULT PROBE_EXIT=3 FORKBOX_VM_STAND_IN=1 bash "$HERE/guest.sh" "$DIR/out")
 for want in "a:net=unset guest=1 args=x y* --test-threads=2 --nocapture:3" \
   "b:net=loopback guest=1 args=--test-threads=2 --nocapture:3" \
   "c:net=unset guest=1 args=z --test-threads=2 --nocapture:3"; do
