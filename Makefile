@@ -150,10 +150,12 @@ test-deploy: deps
 	@mkdir -p $(TEST_LOGS)
 	set -o pipefail; FORKBOX_BIN=$(abspath target/debug/forkbox) bash tests/deploy/run.sh 2>&1 | tee $(TEST_LOGS)/deploy.log
 
-# The cgroup v2 limits on a real kernel: one qemu boot runs the cgroup tests and the runtime
-# matrix (tests/vm/run.sh). It is bounded by FORKBOX_VM_TIMEOUT and prints `SKIPPED: <reason>`
-# only where qemu cannot run here; its status is the last line of `make test`.
+# The cgroup v2 limits on a real kernel: one qemu boot runs the cgroup tests, the runtime
+# matrix and the isolation suite in both network modes (tests/vm/run.sh; its plan's format is
+# checked first by tests/vm/plan_test.sh). It is bounded by FORKBOX_VM_TIMEOUT and prints
+# `SKIPPED: <reason>` only where qemu cannot run here; its status is the last line of `make test`.
 test-vm: deps deps-vm
+	bash tests/vm/plan_test.sh
 	$(CARGO) build -p forkbox
 	@mkdir -p $(TEST_LOGS)
 	set -o pipefail; FORKBOX_VM_VENV=$(abspath $(VM_VENV)) bash tests/vm/run.sh 2>&1 | tee $(TEST_LOGS)/vm.log

@@ -10,13 +10,15 @@
 #
 #   FORKBOX_VM_KERNEL   kernel image (default: the newest /boot/vmlinuz-*)
 #   FORKBOX_VM_VENV     the virtualenv holding vng (default: .venv-vm)
-#   FORKBOX_VM_TIMEOUT  seconds for the whole boot and run (default: 1800)
+#   FORKBOX_VM_TIMEOUT  seconds for the whole boot and run (default: 3600)
+#   FORKBOX_VM_ROWS     names of the plan's rows to run, space-separated (default: every row;
+#                       an unknown name fails, and the status names the rows left out)
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
 VENV=${FORKBOX_VM_VENV:-$ROOT/.venv-vm}
-TIMEOUT=${FORKBOX_VM_TIMEOUT:-1800}
+TIMEOUT=${FORKBOX_VM_TIMEOUT:-3600}
 STATUS=$ROOT/target/vm-tier.status
 OUT=$ROOT/target/vm-tier
 CARGO=${CARGO:-cargo}
@@ -42,6 +44,7 @@ command -v qemu-system-x86_64 >/dev/null ||
   skip "no virtme-ng in $VENV (make $VENV/bin/vng installs it)"
 command -v busybox >/dev/null ||
   skip "busybox is not installed (as root: apt-get install -y busybox-static)"
+# shellcheck disable=SC2012 # the kernels' names are Debian's, sorted by version
 KERNEL=${FORKBOX_VM_KERNEL:-$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n1)}
 [ -n "$KERNEL" ] || skip "no kernel image in /boot (as root: apt-get install -y linux-image-amd64)"
 [ -r "$KERNEL" ] || skip "$KERNEL is not readable by uid $(id -u) (the VM tier runs as root)"
@@ -78,31 +81,84 @@ for b in "$LIB" "$CGROUP" "$RUNTIMES" "$SANDBOX" "$KERNEL_STATE" "$KILLED_USAGE"
   [ -x "$b" ] || fail "test binary not found ($b)"
 done
 
+# The isolation suite's tests (worker/tests/sandbox.rs, sandbox_kernel_state.rs) the guest
+# runs in each network mode. Not yet here: the_shared_root_template_cannot_be_changed_by_a_job
+# (in the guest, two jobs' listings of / and /dev differed, a cause not found yet) and
+# python_concurrency_runs_under_the_allow_list_cold_and_warm (a cold Python pool past 60 s).
+ISOLATION="calls_off_the_allow_list_are_refused denied_syscalls_fail_with_eperm host_files_never_change
+one_sandbox_leaves_nothing_for_the_next proc_network_and_host_paths_are_private
+host_root_is_never_mapped_into_the_sandbox a_running_sandbox_dies_with_its_zygote
+collect_reads_only_the_jobs_own_files collect_reads_at_most_the_cap_and_flags_it
+submounts_of_allowlisted_directories_are_read_only programs_hold_no_capabilities
+what_needs_a_capability_or_crosses_a_namespace_fails stdin_cannot_be_written_or_grown
+timeout_kills_the_whole_tree no_network_namespace_is_handed_to_a_second_sandbox
+a_none_namespace_reaches_the_next_sandbox_as_new concurrent_none_jobs_cannot_reach"
+ISOLATION_KERNEL="clone_with_any_namespace_flag proc_sys_is_read_only_to_the_job
+inotify_and_memfd_are_unavailable dnotify_and_kernel_aio_are_unavailable"
+ISOLATION=${ISOLATION//$'\n'/ }
+ISOLATION_KERNEL=${ISOLATION_KERNEL//$'\n'/ }
+
 rm -rf "$OUT"
 mkdir -p "$OUT"
-# name, binary, arguments: what the guest runs, one line each.
+# shellcheck source=tests/vm/plan.sh
+. "$ROOT/tests/vm/plan.sh"
+# What the guest runs, one row each (tests/vm/plan.sh): name, environment ("-": the guest's
+# own), binary, arguments.
+row() { printf '%s\t%s\t%s\t%s\n' "$@"; }
 {
-  printf '%s\t%s\t%s\n' cgroup-unit "$LIB" "sandbox::isolate::cgroup sandbox::isolate::limits"
-  printf '%s\t%s\t%s\n' cgroup-limits "$CGROUP" ""
+  row cgroup-unit - "$LIB" "sandbox::isolate::cgroup sandbox::isolate::limits"
+  row cgroup-limits - "$CGROUP" ""
   # The unprivileged rows take the rlimit fallback, which the host's own run covers.
-  printf '%s\t%s\t%s\n' runtimes "$RUNTIMES" "as_root memory_hogs"
-  printf '%s\t%s\t%s\n' sandbox-limits "$SANDBOX" "check_reports_capabilities_and_mechanisms"
+  row runtimes - "$RUNTIMES" "as_root memory_hogs"
+  row sandbox-limits - "$SANDBOX" "check_reports_capabilities_and_mechanisms"
   # Socket and pipe buffers in the unprivileged rows' memory budget, on a kernel (6.1) that
   # shows net.core.wmem_max in no namespace but the host's.
-  printf '%s\t%s\t%s\n' sandbox-buffers "$SANDBOX" \
+  row sandbox-buffers - "$SANDBOX" \
     "buffers_count_in_the_memory_limit a_job_using_a_few_sockets sockets_whose_peers_are_closed"
   # Root with every capability (CAP_SYS_RESOURCE, which this host's root may lack).
-  printf '%s\t%s\t%s\n' oom-rank "$KERNEL_STATE" "jobs_are_the_oom_killers_first_choice"
+  row oom-rank - "$KERNEL_STATE" "jobs_are_the_oom_killers_first_choice"
   # A stopped job's usage read from its cgroup (cpu.stat, memory.peak), where the host's own
   # run reads it from the sandbox's /proc.
-  printf '%s\t%s\t%s\n' killed-usage "$KILLED_USAGE" ""
+  row killed-usage - "$KILLED_USAGE" ""
   # A staged job's cgroup narrowed to the run stage's limits between the stages.
-  printf '%s\t%s\t%s\n' staged-memory "$STAGED" "under_a_cgroup_each_stage"
+  row staged-memory - "$STAGED" "under_a_cgroup_each_stage"
   # A session's limits held across its calls by its cgroup (memory.max, pids.max, cpu.stat)
   # and its disk, where the host's own run takes the rlimit fallback.
-  printf '%s\t%s\t%s\n' session-limits "$SESSION" \
+  row session-limits - "$SESSION" \
     "memory_grown_over_calls pids_limit disk_filled_over_calls cpu_time_is_counted"
+  # The isolation suite in each network mode, its sandboxes built for that mode ahead of
+  # demand: the escape battery (seccomp's allow list and denied calls, capabilities, host
+  # files, /proc and the network, privileged calls), the root template, host ids, what a job
+  # reaches through the node, the reused `none` namespace and the fresh loopback ones (each
+  # test asks for its mode, so in the other mode's row its sandboxes are built on demand);
+  # from the kernel-state suite, namespaces through clone, /proc/sys and the calls the
+  # filter takes away. The socket families test checks both modes in one run: it runs once.
+  for mode in none loopback; do
+    row "isolation-$mode" "FORKBOX_NETWORK_DEFAULT=$mode" "$SANDBOX" "$ISOLATION"
+    kernel=$ISOLATION_KERNEL
+    [ $mode = none ] && kernel="$kernel only_unix_inet_and_netlink_sockets_can_be_created"
+    row "isolation-kernel-$mode" "FORKBOX_NETWORK_DEFAULT=$mode" "$KERNEL_STATE" "$kernel"
+  done
 } >"$OUT/plan"
+plan_check "$OUT/plan" | sed 's/^/vm: /'
+[ "${PIPESTATUS[0]}" = 0 ] || fail "the plan ($OUT/plan) has malformed rows"
+left_out=""
+if [ -n "${FORKBOX_VM_ROWS:-}" ]; then
+  for want in $FORKBOX_VM_ROWS; do
+    cut -f1 "$OUT/plan" | grep -qxF -- "$want" ||
+      fail "FORKBOX_VM_ROWS names $want, which is no row of the plan ($(cut -f1 "$OUT/plan" | tr '\n' ' '))"
+  done
+  mv "$OUT/plan" "$OUT/plan.all"
+  while IFS= read -r line; do
+    plan_fields "$line"
+    if [[ " $FORKBOX_VM_ROWS " == *" $name "* ]]; then
+      printf '%s\n' "$line" >>"$OUT/plan"
+    else
+      left_out="$left_out $name"
+    fi
+  done <"$OUT/plan.all"
+  echo "vm: FORKBOX_VM_ROWS leaves out:$left_out"
+fi
 
 # --- one boot --------------------------------------------------------------------------------
 echo "vm: booting $KERNEL (TCG, 2 CPUs, 2 GiB); the console is in $OUT/console.log"
@@ -122,8 +178,10 @@ fi
 echo "vm: guest ran for ${took}s"
 sed 's/^/vm: guest: /' "$OUT/check.log"
 failed=""
-while IFS=$'\t' read -r name _ _; do
+while IFS= read -r line; do
+  plan_fields "$line"
   code=$(cat "$OUT/$name.rc" 2>/dev/null || echo missing)
+  echo "vm: $name ($env): exit $code, $(cat "$OUT/$name.seconds" 2>/dev/null || echo '?') s"
   grep -E '^(SKIPPED|RETRIED|test result:)|^test .* FAILED$|panicked' "$OUT/$name.log" | cut -c1-400 | sed "s/^/vm: $name: /"
   if [ "$code" != 0 ]; then
     failed="$failed $name"
@@ -139,5 +197,9 @@ done <"$OUT/plan"
 [ -z "$failed" ] || fail "failing in the guest:$failed"
 skipped=$(cat "$OUT"/*.log | grep -c '^SKIPPED' || true)
 [ "$skipped" = 0 ] || fail "$skipped checks were skipped in the guest, where nothing should be"
-echo "passed (${took}s in the guest)" >"$STATUS"
+if [ -n "$left_out" ]; then
+  echo "passed, but for the rows FORKBOX_VM_ROWS left out:$left_out (${took}s in the guest)" >"$STATUS"
+else
+  echo "passed (${took}s in the guest)" >"$STATUS"
+fi
 echo "vm: passed"

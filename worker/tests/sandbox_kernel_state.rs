@@ -13,7 +13,7 @@ use serde_json::Value;
 
 mod sandbox_support;
 
-use sandbox_support::{forkbox as command, forkbox_argv, identities, Identity};
+use sandbox_support::{forkbox as command, forkbox_argv, identities, timeout_args, Identity};
 
 fn parse(who: Identity, out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -31,6 +31,7 @@ fn python(who: Identity, opts: &[&str], program: &str) -> Value {
         .arg("run")
         .arg("--json")
         .args(opts)
+        .args(timeout_args(opts))
         .args(["--", "python3", "-c", program])
         .stdin(Stdio::null())
         .output()

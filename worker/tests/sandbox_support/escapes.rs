@@ -214,6 +214,16 @@ fn host_files() -> Escape {
              cat /etc/shadow >/dev/null 2>&1 && echo read:shadow; echo done"
         )),
         check: Box::new(|out| {
+            use std::os::unix::fs::PermissionsExt;
+            let shadow =
+                std::fs::metadata("/etc/shadow").map_err(|e| format!("/etc/shadow: {e}"))?;
+            if shadow.permissions().mode() & 0o004 != 0 {
+                return Err(format!(
+                    "the host's /etc/shadow is readable by every user (mode {:o}): nothing a \
+                     job reads of it proves anything",
+                    shadow.permissions().mode() & 0o7777
+                ));
+            }
             if std::fs::read_to_string("/etc/hosts").is_ok_and(|h| h.contains(MARK)) {
                 return Err("the host's /etc/hosts was written".into());
             }

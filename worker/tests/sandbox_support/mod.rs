@@ -43,6 +43,34 @@ pub fn emulated_guest() -> bool {
     std::env::var_os("FORKBOX_VM_GUEST").is_some_and(|v| v == "1")
 }
 
+/// The wall-clock timeout of a test's job that sets none of its own: the node's default
+/// (10 s), and six times it in the emulated guest, where starting Python alone has taken
+/// seconds on a loaded host. A test of the timeout itself sets its own and keeps it.
+pub fn job_timeout_ms() -> u64 {
+    let default = forkbox_queue::schema::DEFAULT_TIMEOUT_MS;
+    if emulated_guest() {
+        6 * default
+    } else {
+        default
+    }
+}
+
+/// `--timeout-ms` with [`job_timeout_ms`] for a `forkbox run` whose options `opts` set no
+/// timeout, in the emulated guest; nothing on other hosts (the default applies there).
+pub fn timeout_args(opts: &[&str]) -> Vec<String> {
+    if emulated_guest() && !opts.contains(&"--timeout-ms") {
+        vec!["--timeout-ms".into(), job_timeout_ms().to_string()]
+    } else {
+        Vec::new()
+    }
+}
+
+/// How long a test waits for a job's program to appear: 20 s, and six times that in the
+/// emulated guest.
+pub fn start_deadline() -> Duration {
+    Duration::from_secs(if emulated_guest() { 120 } else { 20 })
+}
+
 /// The network the sandboxes of these suites get unless a test asks for one: the node's
 /// default (`none`), or `FORKBOX_NETWORK_DEFAULT` (which `forkbox` reads too), so that the
 /// isolation suites run in either mode.
