@@ -98,7 +98,10 @@ async fn many_jobs_in_flight_are_waited_for_on_a_few_connections() {
     for t in tasks {
         let (id, r) = t.await.unwrap();
         let r = r.unwrap().unwrap_or_else(|| panic!("no result for {id}"));
-        assert_eq!((r.id.as_str(), r.outcome.stdout.as_str()), (id.as_str(), id.as_str()));
+        assert_eq!(
+            (r.id.as_str(), r.outcome.stdout.as_str()),
+            (id.as_str(), id.as_str())
+        );
     }
 }
 
@@ -112,7 +115,9 @@ async fn jobs_of_every_partition_get_their_results() {
             let waits = waits.clone();
             tokio::spawn(async move {
                 let id = format!("p-{i}");
-                let r = waits.enqueue_and_wait(&job(&id), Duration::from_secs(60)).await;
+                let r = waits
+                    .enqueue_and_wait(&job(&id), Duration::from_secs(60))
+                    .await;
                 (id, r)
             })
         })
