@@ -203,3 +203,37 @@ async fn redis_gone_fails_the_enqueue() {
         "{e:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_queue_on_a_cluster_is_waited_for_shard_by_shard() {
+    let cluster = forkbox_testkit::RedisCluster::start_default().expect("start a 3+3 cluster");
+    let broker =
+        Broker::connect_to(&forkbox_queue::Endpoint::parse(&cluster.seeds(), true).unwrap())
+            .await
+            .unwrap();
+    let q = broker
+        .open_partitioned("shared", 3, QueueConfig::default())
+        .await
+        .unwrap();
+    for p in q.partitions() {
+        p.ensure_group().await.unwrap();
+    }
+    let waits = Arc::new(SharedWaits::new(&q));
+    let tasks: Vec<_> = (0..12)
+        .map(|i| {
+            let waits = waits.clone();
+            tokio::spawn(async move {
+                let id = format!("c-{i}");
+                let r = waits
+                    .enqueue_and_wait(&job(&id), Duration::from_secs(60))
+                    .await;
+                (id, r)
+            })
+        })
+        .collect();
+    complete_all(&q, 12).await;
+    for t in tasks {
+        let (id, r) = t.await.unwrap();
+        assert_eq!(r.unwrap().unwrap().outcome.stdout, id);
+    }
+}
