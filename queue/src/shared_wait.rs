@@ -30,7 +30,9 @@
 //! Failures: a lane's call that fails on a connection error is sent once more on a fresh
 //! connection (as every blocking call, [`Broker::query_blocking_pipe`](crate::Broker)); a
 //! Redis that lost its scripts (NOSCRIPT after a restart) gets them loaded and the lane sent
-//! again; any other failure fails the lane's jobs that joined with their enqueue (an error of
+//! again (the failed call's read still blocks first, up to its block time, since Redis runs
+//! the read after the failed enqueue: once per lane after Redis lost its scripts); any other
+//! failure fails the lane's jobs that joined with their enqueue (an error of
 //! the enqueue) and sends the others again, or, when the lane carried no enqueue, fails them
 //! all (an error of the wait).
 
