@@ -63,41 +63,7 @@ impl Queue {
         let mut ids = Vec::with_capacity(jobs.len());
         let now = crate::queue::now_ms();
         for job in jobs {
-            let mut job = job.clone();
-            if let Some(b) = batch {
-                job.batch = Some(b.to_owned());
-            }
-            let id = job
-                .id
-                .get_or_insert_with(|| uuid::Uuid::now_v7().to_string())
-                .clone();
-            job.validate().map_err(QueueError::InvalidJob)?;
-            crate::delivery::check_for_queue(&job, &self.keys).map_err(QueueError::InvalidJob)?;
-            let payload = serde_json::to_string(&job).expect("a Job always serializes");
-            if payload.len() > self.config.max_job_bytes {
-                return Err(QueueError::InvalidJob(crate::schema::JobError::TooLarge {
-                    size: payload.len(),
-                    limit: self.config.max_job_bytes,
-                }));
-            }
-            let batch_key = self.keys.batch(job.batch.as_deref().unwrap_or(""));
-            pipe.invoke_script(
-                SCRIPTS
-                    .enqueue
-                    .key(self.keys.jobs())
-                    .key(self.keys.idem(&id))
-                    .key(batch_key)
-                    .key(self.keys.cancel_ahead())
-                    .key(self.keys.cancelled())
-                    .arg(payload)
-                    .arg(self.ttl_for(job.result_ttl_s))
-                    .arg(if job.batch.is_some() { "1" } else { "0" })
-                    .arg(&id)
-                    .arg(now)
-                    .arg(self.publish_command())
-                    .arg(self.keys.cancel_channel()),
-            );
-            ids.push(id);
+            ids.push(self.add_enqueue(&mut pipe, job, batch, now)?);
         }
         let replies: Vec<(i64, String)> = self
             .broker
@@ -116,6 +82,53 @@ impl Queue {
                 entry_id: (!entry.is_empty()).then_some(entry),
             })
             .collect())
+    }
+
+    /// Adds the enqueue script's call for `job` (as a member of `batch`, when given) to `pipe`
+    /// and returns the job's id (a fresh uuid v7 when it has none); fails, adding nothing, when
+    /// the job is not valid, not for this queue, or larger than the queue takes.
+    pub(crate) fn add_enqueue(
+        &self,
+        pipe: &mut redis::Pipeline,
+        job: &Job,
+        batch: Option<&str>,
+        now: u64,
+    ) -> Result<String, QueueError> {
+        let mut job = job.clone();
+        if let Some(b) = batch {
+            job.batch = Some(b.to_owned());
+        }
+        let id = job
+            .id
+            .get_or_insert_with(|| uuid::Uuid::now_v7().to_string())
+            .clone();
+        job.validate().map_err(QueueError::InvalidJob)?;
+        crate::delivery::check_for_queue(&job, &self.keys).map_err(QueueError::InvalidJob)?;
+        let payload = serde_json::to_string(&job).expect("a Job always serializes");
+        if payload.len() > self.config.max_job_bytes {
+            return Err(QueueError::InvalidJob(crate::schema::JobError::TooLarge {
+                size: payload.len(),
+                limit: self.config.max_job_bytes,
+            }));
+        }
+        let batch_key = self.keys.batch(job.batch.as_deref().unwrap_or(""));
+        pipe.invoke_script(
+            SCRIPTS
+                .enqueue
+                .key(self.keys.jobs())
+                .key(self.keys.idem(&id))
+                .key(batch_key)
+                .key(self.keys.cancel_ahead())
+                .key(self.keys.cancelled())
+                .arg(payload)
+                .arg(self.ttl_for(job.result_ttl_s))
+                .arg(if job.batch.is_some() { "1" } else { "0" })
+                .arg(&id)
+                .arg(now)
+                .arg(self.publish_command())
+                .arg(self.keys.cancel_channel()),
+        );
+        Ok(id)
     }
 
     /// Adds a raw payload as a job entry, exactly as `XADD forkbox:{Q}:jobs * job <payload>`

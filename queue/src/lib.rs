@@ -51,6 +51,7 @@ pub mod schema;
 mod scripts;
 pub mod session;
 mod session_ops;
+pub mod shared_wait;
 pub mod topology;
 
 pub use admin::{
@@ -77,6 +78,7 @@ pub use schema::{
 };
 pub use session::{Call, CallOp, EndReason, ErrorReason, Event, SessionInfo, SessionOpened};
 pub use session_ops::SessionError;
+pub use shared_wait::SharedWaits;
 
 /// Re-exported so users name the same redis-rs version as this crate.
 pub use redis;

@@ -20,7 +20,7 @@ use crate::schema::JobResult;
 /// wake stream expired (it found no result, and the completion and the stream's
 /// [`WAKE_LINGER_MS`](crate::keys::WAKE_LINGER_MS) both passed before its `XREAD` arrived) is
 /// not woken; it finds the result at the end of this slice.
-const WAIT_SLICE: Duration = Duration::from_secs(2);
+pub(crate) const WAIT_SLICE: Duration = Duration::from_secs(2);
 
 impl Queue {
     fn results_err(&self, source: redis::RedisError) -> QueueError {

@@ -33,7 +33,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use forkbox_queue::{Broker, JobState, Partitioned};
+use forkbox_queue::{Broker, JobState, Partitioned, QueueError, SharedWaits};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -100,6 +100,8 @@ impl Default for GatewayConfig {
 #[derive(Debug)]
 pub struct Gateway {
     queue: Partitioned,
+    /// Every request's wait, shared (and its enqueue, when a lane is free).
+    waits: SharedWaits,
     broker: Broker,
     /// The runtime catalogue (how each language compiles and runs).
     runtimes: runtimes::Catalogue,
@@ -119,6 +121,7 @@ impl Gateway {
         config: GatewayConfig,
     ) -> Gateway {
         Gateway {
+            waits: SharedWaits::new(&queue),
             queue,
             broker,
             runtimes,
@@ -177,38 +180,34 @@ impl Gateway {
         })
     }
 
-    /// Enqueues `exec` under a fresh id (a uuid v4: Judge0 clients check tokens are) and
-    /// returns the id, or the job's validation error (nothing enqueued).
-    async fn submit(&self, exec: &Execution) -> Result<String, Submitted> {
-        let id = uuid::Uuid::new_v4().to_string();
-        let mut job = exec
-            .to_job(&id, self.config.staging)
-            .map_err(Submitted::Invalid)?;
-        job.result_ttl_s = Some(self.config.result_ttl_s);
-        // The enqueue validates the job (nothing is sent when it is not valid).
-        self.queue
-            .enqueue_idempotent(&job)
-            .await
-            .map_err(|e| match e {
-                forkbox_queue::QueueError::InvalidJob(e) => Submitted::Invalid(e.to_string()),
-                e => Submitted::Queue(e.to_string()),
-            })?;
-        self.metrics.jobs().increment(1);
-        Ok(id)
-    }
-
-    /// Waits for job `id` (running `exec`) and reads what it did; a job with no result in
-    /// time is cancelled and reported as an internal error. The wait is the job's own limits
-    /// (the compile stage's only when it has one) and the queue wait.
-    async fn wait(&self, id: &str, exec: &Execution) -> Executed {
+    /// How long a request waits for job running `exec`: the job's own limits (the compile
+    /// stage's only when it has one) and the queue wait.
+    fn wait_limit(&self, exec: &Execution) -> Duration {
         let compile = if exec.is_staged() {
             exec.compile.timeout_ms
         } else {
             0
         };
-        let own = compile + exec.run.timeout_ms;
-        let timeout = Duration::from_millis(own) + self.config.queue_wait;
-        match self.queue.wait_new_result(id, timeout).await {
+        Duration::from_millis(compile + exec.run.timeout_ms) + self.config.queue_wait
+    }
+
+    /// Waits for job `id` (running `exec`), just enqueued, and reads what it did.
+    async fn wait(&self, id: &str, exec: &Execution) -> Executed {
+        let timeout = self.wait_limit(exec);
+        let waited = self.waits.wait_new(id, timeout).await;
+        self.finish(id, exec, timeout, waited).await
+    }
+
+    /// What job `id` did, from its wait; a job with no result in time is cancelled and
+    /// reported as an internal error.
+    async fn finish(
+        &self,
+        id: &str,
+        exec: &Execution,
+        timeout: Duration,
+        waited: Result<Option<forkbox_queue::JobResult>, QueueError>,
+    ) -> Executed {
+        match waited {
             Ok(Some(result)) => exec::interpret(exec, self.config.staging, &result),
             Ok(None) => {
                 let cancelled = match self.queue.cancel(id).await {
@@ -232,10 +231,24 @@ impl Gateway {
         }
     }
 
-    /// Runs `exec` to its end.
+    /// Runs `exec` to its end under a fresh id (a uuid v4: Judge0 clients check tokens are):
+    /// enqueued and waited for together ([`SharedWaits::enqueue_and_wait`]), or why it was
+    /// not enqueued.
     async fn run(&self, exec: &Execution) -> Result<Executed, Submitted> {
-        let id = self.submit(exec).await?;
-        Ok(self.wait(&id, exec).await)
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut job = exec
+            .to_job(&id, self.config.staging)
+            .map_err(Submitted::Invalid)?;
+        job.result_ttl_s = Some(self.config.result_ttl_s);
+        let timeout = self.wait_limit(exec);
+        // The enqueue validates the job (nothing is sent when it is not valid).
+        let waited = match self.waits.enqueue_and_wait(&job, timeout).await {
+            Err(QueueError::InvalidJob(e)) => return Err(Submitted::Invalid(e.to_string())),
+            Err(e @ QueueError::Enqueue { .. }) => return Err(Submitted::Queue(e.to_string())),
+            waited => waited,
+        };
+        self.metrics.jobs().increment(1);
+        Ok(self.finish(&id, exec, timeout, waited).await)
     }
 
     fn submission_key(&self, token: &str) -> String {
