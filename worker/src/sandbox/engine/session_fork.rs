@@ -58,12 +58,29 @@ pub struct ForkedBranch {
     pub reseeded: Vec<String>,
     pub twin: TwinReport,
     pub disk: DiskCopy,
+    /// Where the branch's time went.
+    pub steps: BranchSteps,
+}
+
+/// A branch's steps, timed by the node.
+#[derive(Debug, Clone, Default)]
+pub struct BranchSteps {
+    /// Its sandbox's open, to the supervisor's hello (side by side with the others').
+    pub open: Duration,
+    /// The parent's disk copied into its own.
+    pub disk: Duration,
+    /// The twin copy (its own steps in [`TwinReport::steps`]).
+    pub twin: Duration,
+    /// Its supervisor's `fork_join`, to its answer.
+    pub join: Duration,
 }
 
 /// A fork: the parent's pause and each branch, made or not.
 pub struct SessionFork {
     /// How long the parent's kernel paused for its fork, as it measured it.
     pub parent_pause: Duration,
+    /// The freeze as the node saw it: the call, its answer, and the frozen copy found stopped.
+    pub freeze: Duration,
     pub branches: Vec<Result<ForkedBranch, ForkError>>,
 }
 
@@ -124,6 +141,7 @@ impl Engine {
         if opened.iter().all(Result::is_err) {
             return Ok(SessionFork {
                 parent_pause: Duration::ZERO,
+                freeze: Duration::ZERO,
                 branches: opened
                     .into_iter()
                     .filter_map(Result::err)
@@ -131,15 +149,17 @@ impl Engine {
                     .collect(),
             });
         }
+        let froze = std::time::Instant::now();
         let frozen = match freeze(parent).await {
             Ok(f) => f,
             Err(e) => {
-                for session in opened.into_iter().flatten() {
+                for (session, _) in opened.into_iter().flatten() {
                     session.kill().await;
                 }
                 return Err(e);
             }
         };
+        let freeze_took = froze.elapsed();
         let limits = TwinLimits {
             memory_bytes: spec.limits.resolve(&self.inner.config.defaults).memory_mb << 20,
             timeout: TWIN_TIMEOUT,
@@ -149,7 +169,7 @@ impl Engine {
         let work = self.inner.config.work_dir.clone();
         let targets: Vec<Option<(i32, i64)>> = opened
             .iter()
-            .map(|b| b.as_ref().ok().and_then(twin_of))
+            .map(|b| b.as_ref().ok().and_then(|(s, _)| twin_of(s)))
             .collect();
         let (f, pidfd) = (frozen.pid, frozen.pidfd);
         let copies = tokio::task::spawn_blocking(move || {
@@ -169,6 +189,7 @@ impl Engine {
         }
         Ok(SessionFork {
             parent_pause: frozen.pause,
+            freeze: freeze_took,
             branches,
         })
     }
@@ -178,21 +199,25 @@ impl Engine {
         &self,
         spec: &SessionSpec,
         n: usize,
-    ) -> Vec<Result<SandboxSession, ForkError>> {
+    ) -> Vec<Result<(SandboxSession, Duration), ForkError>> {
         let mut branch = spec.clone();
         // The parent's disk is copied in whole; its spec's files would only be overwritten.
         branch.files.clear();
         let handles: Vec<_> = (0..n)
             .map(|_| {
                 let (engine, spec) = (self.clone(), branch.clone());
-                tokio::spawn(async move { engine.open_session_as(spec, true).await })
+                tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    let opened = engine.open_session_as(spec, true).await;
+                    opened.map(|s| (s, started.elapsed()))
+                })
             })
             .collect();
         let mut out = Vec::with_capacity(n);
         for h in handles {
             let opened = match h.await {
-                Ok(Ok(s)) if s.hello()["twin_waiting"] == true => Ok(s),
-                Ok(Ok(s)) => {
+                Ok(Ok((s, took))) if s.hello()["twin_waiting"] == true => Ok((s, took)),
+                Ok(Ok((s, _))) => {
                     let end = s.kill().await;
                     Err(ForkError::Join(format!(
                         "its kernel did not stop for the copy ({})",
@@ -302,6 +327,9 @@ async fn freeze(parent: &mut SandboxSession) -> Result<Frozen, ForkError> {
     })
 }
 
+/// A branch's disk copied (and the time it took) and its twin made.
+type Copied = (DiskCopy, Duration, TwinReport);
+
 /// One branch's disk and twin, on the copier's thread.
 fn copy_one(
     f: Pid,
@@ -309,12 +337,14 @@ fn copy_one(
     (init, kernel): (i32, i64),
     work: &str,
     limits: &TwinLimits,
-) -> Result<(DiskCopy, TwinReport), ForkError> {
+) -> Result<Copied, ForkError> {
     let parent_init = parent_init.ok_or_else(|| ForkError::Locate {
         what: "parent's init",
         why: "not known".into(),
     })?;
+    let started = std::time::Instant::now();
     let disk = copy_work(parent_init, init, work)?;
+    let disk_took = started.elapsed();
     let procs = sandbox_processes(init).map_err(|why| ForkError::Locate {
         what: "branch's sandbox",
         why,
@@ -328,17 +358,17 @@ fn copy_one(
             why: format!("no process {kernel} in the branch's sandbox"),
         })?;
     let twin = make_twin_keeping(f, t, limits, &KERNEL_OWN_FDS)?;
-    Ok((disk, twin))
+    Ok((disk, disk_took, twin))
 }
 
 /// A branch's last step: its supervisor waits for the copied kernel; any failure kills it.
 async fn join(
-    opened: Result<SandboxSession, ForkError>,
-    copy: Option<Result<(DiskCopy, TwinReport), ForkError>>,
+    opened: Result<(SandboxSession, Duration), ForkError>,
+    copy: Option<Result<Copied, ForkError>>,
     parent_not_carried: &[String],
 ) -> Result<ForkedBranch, ForkError> {
-    let mut session = opened?;
-    let (disk, twin) = match copy {
+    let (mut session, open) = opened?;
+    let (disk, disk_took, twin) = match copy {
         Some(Ok(done)) => done,
         Some(Err(e)) => {
             session.kill().await;
@@ -352,6 +382,7 @@ async fn join(
             });
         }
     };
+    let started = std::time::Instant::now();
     let joined = match call(&mut session, json!({"op": "fork_join"})).await {
         Ok(r) if r["ok"] == true => Ok(r),
         Ok(r) => Err(ForkError::Join(
@@ -365,6 +396,12 @@ async fn join(
             session.kill().await;
             return Err(e);
         }
+    };
+    let steps = BranchSteps {
+        open,
+        disk: disk_took,
+        twin: twin.elapsed,
+        join: started.elapsed(),
     };
     let mut not_carried = parent_not_carried.to_vec();
     not_carried.extend(twin.not_carried.iter().cloned());
@@ -381,6 +418,7 @@ async fn join(
             .collect(),
         twin,
         disk,
+        steps,
     })
 }
 

@@ -83,6 +83,28 @@ pub struct TwinReport {
     /// pages it still shares with the zygote and the files' pages it maps.
     pub twin_private_kb: u64,
     pub elapsed: Duration,
+    /// Where `elapsed` went.
+    pub steps: TwinSteps,
+}
+
+/// Where a copy's time went, step by step.
+#[derive(Debug, Clone, Default)]
+pub struct TwinSteps {
+    /// Seizing both processes, reading their maps, pagemaps, descriptors and limits, and the
+    /// plans made from them.
+    pub inspect: Duration,
+    /// The maps step: `T`'s mappings removed, moved and made (injected calls).
+    pub maps: Duration,
+    /// Reading `F`'s private pages.
+    pub memory_read: Duration,
+    /// Writing them into `T` (with `skip_identical`, comparing them with `T`'s first).
+    pub memory_write: Duration,
+    /// The rest of the memory step: `T`'s pagemap read, its own pages dropped.
+    pub memory_other: Duration,
+    /// The files step: descriptors opened again, the working directory and umask.
+    pub fds: Duration,
+    /// `T`'s memory figures read, the registers set, `T` let go.
+    pub finish: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -404,6 +426,7 @@ pub fn make_twin_keeping(
 ) -> Result<TwinReport, TwinError> {
     let started = Instant::now();
     let deadline = Deadline {
+        started,
         at: started + limits.timeout,
         timeout: limits.timeout,
     };
@@ -432,9 +455,11 @@ pub fn make_twin_keeping(
     let result = copy(&f, &t, (limits, own), &deadline, &mut report, &mut touched);
     match result {
         Ok(()) => {
+            let at = Instant::now();
             let pidfd = t.detach().map_err(|errno| trace("detach", twin, errno))?;
             crate::sandbox::kernel::sys::pidfd_signal(&pidfd, libc::SIGCONT)
                 .map_err(|errno| trace("continue", twin, errno))?;
+            report.steps.finish += at.elapsed();
             report.elapsed = started.elapsed();
             Ok(report)
         }
@@ -485,23 +510,39 @@ fn copy(
     let inj = Injector::new(t)?;
     deadline.check("attaching")?;
     *touched = true;
+    let mut at = Instant::now();
+    report.steps.inspect = at - deadline.started;
     inj.map_scratch()?;
     apply_maps(&inj, &plan, report)?;
+    report.steps.maps = lap(&mut at);
     deadline.check("mapping")?;
     copy_memory(f, &inj, &f_maps, &f_entries, limits, deadline, report)?;
+    let _ = lap(&mut at);
     apply_fds(&inj, &fds, report)?;
     carry_cwd_and_umask(&inj, fp, report)?;
+    report.steps.fds = lap(&mut at);
     inj.call("munmap", libc::SYS_munmap, [SCRATCH, PAGE, 0, 0, 0, 0])?;
     report.twin_rss_kb = status_field(&read_proc(tp, "status")?, "VmRSS:");
     let rollup = read_proc(tp, "smaps_rollup")?;
     report.twin_private_kb = status_field(&rollup, "Private_Dirty:");
     deadline.check("copying")?;
-    set_registers(f, t)
+    set_registers(f, t)?;
+    report.steps.finish = lap(&mut at);
+    Ok(())
 }
 
 struct Deadline {
+    started: Instant,
     at: Instant,
     timeout: Duration,
+}
+
+/// The time since `at`, which moves to now.
+fn lap(at: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let d = now - *at;
+    *at = now;
+    d
 }
 
 impl Deadline {
@@ -896,6 +937,7 @@ fn copy_memory(
     deadline: &Deadline,
     report: &mut TwinReport,
 ) -> Result<(), TwinError> {
+    let started = Instant::now();
     let (fp, tp) = (f.pid(), inj.t.pid());
     let f_mem = open_proc(fp, "mem", false)?;
     let t_pagemap = open_proc(tp, "pagemap", false)?;
@@ -920,7 +962,10 @@ fn copy_memory(
                 continue;
             }
             let chunk = &mut buf[..len as usize];
+            let at = Instant::now();
             read_pages(fp, &f_mem, addr, chunk)?;
+            report.steps.memory_read += at.elapsed();
+            let at = Instant::now();
             // With `skip_identical`, T's view of the same pages (its own, the zygote's it
             // still shares, or the file's) decides which need writing.
             let theirs = &mut tbuf[..len as usize];
@@ -945,8 +990,12 @@ fn copy_memory(
                     .map_err(|error| TwinError::Memory { addr: at, error })?;
                 report.copied_bytes += (i - start) as u64 * PAGE;
             }
+            report.steps.memory_write += at.elapsed();
         }
     }
+    report.steps.memory_other = started
+        .elapsed()
+        .saturating_sub(report.steps.memory_read + report.steps.memory_write);
     Ok(())
 }
 
