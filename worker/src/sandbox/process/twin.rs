@@ -11,8 +11,11 @@
 //!    opened by `T` itself, in B's root), by system calls injected into `T` at the `syscall`
 //!    instruction it stopped after;
 //! 2. memory: every page `F` holds privately (written, copy-on-write, or swapped, as its
-//!    `pagemap` says) is copied into `T` through `/proc/T/mem` (so protections do not
-//!    matter); a page `T` holds privately and `F` does not is dropped (`MADV_DONTNEED`);
+//!    `pagemap` says) is read through `/proc/F/mem` (which, unlike `process_vm_readv`, does
+//!    not unshare the pages `F` shares with its parent) and written into `T` in runs of up to
+//!    1 MiB with `process_vm_writev`, or through `/proc/T/mem` where `T`'s protections refuse
+//!    that call (so protections do not matter); a page `T` holds privately and `F` does not
+//!    is dropped (`MADV_DONTNEED`);
 //! 3. files: `F`'s descriptors that name a file or directory are opened again by `T` at the
 //!    same number, flags and offset (B's disk is a copy of A's); `T`'s standard streams stay
 //!    its own; anything else (sockets, pipes, event descriptors, threads, other signal
@@ -963,13 +966,13 @@ fn copy_memory(
             }
             let chunk = &mut buf[..len as usize];
             let at = Instant::now();
-            read_pages(fp, &f_mem, addr, chunk)?;
+            read_pages(&f_mem, addr, chunk)?;
             report.steps.memory_read += at.elapsed();
             let at = Instant::now();
             // With `skip_identical`, T's view of the same pages (its own, the zygote's it
             // still shares, or the file's) decides which need writing.
             let theirs = &mut tbuf[..len as usize];
-            let compare = limits.skip_identical && read_pages(tp, &inj.mem, addr, theirs).is_ok();
+            let compare = limits.skip_identical && read_pages(&inj.mem, addr, theirs).is_ok();
             let page = PAGE as usize;
             let same =
                 |i: usize| compare && chunk[i * page..][..page] == theirs[i * page..][..page];
@@ -985,9 +988,7 @@ fn copy_memory(
                     i += 1;
                 }
                 let at = addr + start as u64 * PAGE;
-                inj.mem
-                    .write_all_at(&chunk[start * page..i * page], at)
-                    .map_err(|error| TwinError::Memory { addr: at, error })?;
+                write_pages(tp, &inj.mem, at, &chunk[start * page..i * page])?;
                 report.copied_bytes += (i - start) as u64 * PAGE;
             }
             report.steps.memory_write += at.elapsed();
@@ -999,20 +1000,32 @@ fn copy_memory(
     Ok(())
 }
 
-/// Reads a process's pages: `process_vm_readv` (one copy), or its `/proc/<pid>/mem` for what
-/// its protections keep from that call (a page it made unreadable).
-fn read_pages(pid: Pid, mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
-    let len = buf.len();
-    let remote = [nix::sys::uio::RemoteIoVec {
-        base: addr as usize,
-        len,
-    }];
-    let read = nix::sys::uio::process_vm_readv(pid, &mut [std::io::IoSliceMut::new(buf)], &remote);
-    if read == Ok(len) {
-        return Ok(());
-    }
+/// Reads a process's pages through its `/proc/<pid>/mem`, whatever their protections.
+/// Never `process_vm_readv`: it pins the pages it reads, and pinning a page the process
+/// shares copy-on-write (the frozen copy with the parent, the twin with the zygote) makes
+/// the kernel copy it first, as a write would: a copy of every page read, and the memory.
+fn read_pages(mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
     mem.read_exact_at(buf, addr)
         .map_err(|error| TwinError::Memory { addr, error })
+}
+
+/// Writes pages into `T`: `process_vm_writev` (one copy, into pages pinned in batches), and
+/// its `/proc/<pid>/mem` from where that call stopped (a page `T` maps without write
+/// permission, which only `mem` writes).
+fn write_pages(pid: Pid, mem: &File, addr: u64, buf: &[u8]) -> Result<(), TwinError> {
+    let remote = [nix::sys::uio::RemoteIoVec {
+        base: addr as usize,
+        len: buf.len(),
+    }];
+    let done = nix::sys::uio::process_vm_writev(pid, &[std::io::IoSlice::new(buf)], &remote)
+        .unwrap_or(0)
+        .min(buf.len());
+    if done == buf.len() {
+        return Ok(());
+    }
+    let at = addr + done as u64;
+    mem.write_all_at(&buf[done..], at)
+        .map_err(|error| TwinError::Memory { addr: at, error })
 }
 
 /// The files step (see [`plan_fds`]).
