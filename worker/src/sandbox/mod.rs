@@ -49,7 +49,8 @@ pub use isolate::cgroup::{probe as probe_cgroup, Delegation};
 pub use isolate::rootfs::{own_mount_points, RootSource};
 pub use isolate::seccomp::denied_numbers;
 pub use process::twin::{
-    make_twin, make_twin_keeping, TwinError, TwinLimits, TwinReport, TwinSteps,
+    make_twin, make_twin_keeping, make_twin_of, FrozenState, HeldFrozen, TwinError, TwinLimits,
+    TwinReport, TwinSteps,
 };
 pub use process::zygote::main as zygote_main;
 pub use runtime::python::{

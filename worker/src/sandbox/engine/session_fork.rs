@@ -7,9 +7,10 @@
 //!    says so in its hello; the parent pauses for none of it;
 //! 2. freeze: the parent's kernel forks a copy F of itself between cells, which stops at once
 //!    (`fork_freeze`); the parent pauses only for that fork, and answers on;
-//! 3. for each branch, from one blocking thread (ptrace belongs to the thread that seized, and
-//!    F can have one tracer at a time): copy the parent's disk into the branch's (the twin
-//!    opens the parent's files again by path), then `make_twin_keeping(F, T)`, keeping T's own
+//! 3. one blocking thread seizes F and reads its registers once (`HeldFrozen`: F can have
+//!    one tracer, and stays stopped while held); then for each branch, from that thread:
+//!    copy the parent's disk into the branch's (the twin opens the parent's files again by
+//!    path), then `make_twin_of(F, T)` (F's memory read through `/proc`), keeping T's own
 //!    pipes to its supervisor at the kernel's fixed numbers, so the copied interpreter talks
 //!    to the branch's supervisor;
 //! 4. kill F (the parent's kernel reaps it at its next request);
@@ -31,7 +32,9 @@ use super::disk_copy::{copy_work, DiskCopy, DiskCopyError};
 use super::session::{OpenError, SandboxSession, SessionSpec};
 use super::start::Engine;
 use crate::sandbox::kernel::sys::{pidfd_open, pidfd_signal};
-use crate::sandbox::process::twin::{make_twin_keeping, TwinError, TwinLimits, TwinReport};
+use crate::sandbox::process::twin::{
+    make_twin_of, FrozenState, HeldFrozen, TwinError, TwinLimits, TwinReport,
+};
 
 /// The kernel's pipes to its supervisor (`KERNEL_CALLS_FD`, `KERNEL_REPLIES_FD` of
 /// `session_supervisor.py`): the twin keeps its own there.
@@ -179,10 +182,7 @@ impl Engine {
             .collect();
         let (f, pidfd) = (frozen.pid, frozen.pidfd);
         let copies = tokio::task::spawn_blocking(move || {
-            let copies: Vec<_> = targets
-                .into_iter()
-                .map(|t| t.map(|t| copy_one(f, parent_init, t, &work, &limits)))
-                .collect();
+            let copies = copy_all(f, parent_init, &targets, &work, &limits);
             // F served every copy: it goes (its parent reaps it at its next request).
             let _ = pidfd_signal(&pidfd, libc::SIGKILL);
             copies
@@ -333,12 +333,39 @@ async fn freeze(parent: &mut SandboxSession) -> Result<Frozen, ForkError> {
     })
 }
 
+/// Every branch's disk and twin, one after the other: this thread holds F (seized, so it
+/// stays stopped) and reads its registers once; each twin is seized by this thread too.
+/// (Copies side by side, one thread per core with [`make_twin_of`], measured no faster on a
+/// loaded 2-core host: docs/benchmarks.md, "Session fork".)
+fn copy_all(
+    f: Pid,
+    parent_init: Option<i32>,
+    targets: &[Option<(i32, i64)>],
+    work: &str,
+    limits: &TwinLimits,
+) -> Vec<Option<Result<Copied, ForkError>>> {
+    let held = match HeldFrozen::seize(f) {
+        Ok(held) => held,
+        Err(e) => {
+            let why = format!("seizing the frozen copy: {e}");
+            return targets
+                .iter()
+                .map(|t| t.map(|_| Err(ForkError::Freeze(why.clone()))))
+                .collect();
+        }
+    };
+    targets
+        .iter()
+        .map(|t| t.map(|t| copy_one(held.state(), parent_init, t, work, limits)))
+        .collect()
+}
+
 /// A branch's disk copied (and the time it took) and its twin made.
 type Copied = (DiskCopy, Duration, TwinReport);
 
 /// One branch's disk and twin, on the copier's thread.
 fn copy_one(
-    f: Pid,
+    f: &FrozenState,
     parent_init: Option<i32>,
     (init, kernel): (i32, i64),
     work: &str,
@@ -363,7 +390,7 @@ fn copy_one(
             what: "twin",
             why: format!("no process {kernel} in the branch's sandbox"),
         })?;
-    let twin = make_twin_keeping(f, t, limits, &KERNEL_OWN_FDS)?;
+    let twin = make_twin_of(f, t, limits, &KERNEL_OWN_FDS)?;
     Ok((disk, disk_took, twin))
 }
 

@@ -427,35 +427,102 @@ pub fn make_twin_keeping(
     limits: &TwinLimits,
     own: &[i32],
 ) -> Result<TwinReport, TwinError> {
+    let held = HeldFrozen::seize(frozen)?;
+    make_twin_of(held.state(), twin, limits, own)
+}
+
+/// `F` seized by the calling thread, which holds it stopped until this is dropped, and what
+/// a copy takes of it through ptrace (its registers, extended state and signal mask), read
+/// once: any number of twins can then be made of it, each on a thread of its own
+/// ([`make_twin_of`]), since the rest of `F` is read through `/proc`, which needs no tracer.
+pub struct HeldFrozen {
+    _held: Tracee,
+    state: FrozenState,
+}
+
+/// What twins are made from: valid while its [`HeldFrozen`] holds `F` (it can only be borrowed
+/// from it).
+pub struct FrozenState {
+    pid: Pid,
+    regs: libc::user_regs_struct,
+    xstate: Vec<u8>,
+    mask: u64,
+}
+
+impl HeldFrozen {
+    /// Seizes the stopped process `frozen` and reads its registers.
+    pub fn seize(frozen: Pid) -> Result<HeldFrozen, TwinError> {
+        let f = seize_stopped(frozen, false)?;
+        let regs = f
+            .regs()
+            .map_err(|e| trace("reading registers", frozen, e))?;
+        let xstate = f
+            .xstate()
+            .map_err(|e| trace("reading the extended state", frozen, e))?;
+        let mask = f
+            .sigmask()
+            .map_err(|e| trace("reading the signal mask", frozen, e))?;
+        Ok(HeldFrozen {
+            _held: f,
+            state: FrozenState {
+                pid: frozen,
+                regs,
+                xstate,
+                mask,
+            },
+        })
+    }
+
+    pub fn state(&self) -> &FrozenState {
+        &self.state
+    }
+}
+
+/// Seizes a process that stopped itself; an error if it was running.
+fn seize_stopped(pid: Pid, exit_kill: bool) -> Result<Tracee, TwinError> {
+    let (tracee, stop) =
+        Tracee::seize(pid, exit_kill).map_err(|errno| TwinError::Seize { pid, errno })?;
+    // A process in a group stop reports its stop signal when interrupted; a running one
+    // reports the interruption's trap (and is let go when `tracee` drops).
+    if !matches!(
+        stop,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    ) {
+        let state = proc_stat(pid)?.first().cloned().unwrap_or_default();
+        return Err(TwinError::NotStopped { pid, state });
+    }
+    Ok(tracee)
+}
+
+/// [`make_twin_keeping`] from an `F` another thread holds: the twin is seized (and let go)
+/// by the calling thread, so twins of one `F` can be made side by side.
+pub fn make_twin_of(
+    frozen: &FrozenState,
+    twin: Pid,
+    limits: &TwinLimits,
+    own: &[i32],
+) -> Result<TwinReport, TwinError> {
     let started = Instant::now();
     let deadline = Deadline {
         started,
         at: started + limits.timeout,
         timeout: limits.timeout,
     };
-    let seize = |pid: Pid, exit_kill: bool| -> Result<Tracee, TwinError> {
-        let (tracee, stop) =
-            Tracee::seize(pid, exit_kill).map_err(|errno| TwinError::Seize { pid, errno })?;
-        // A process in a group stop reports its stop signal when interrupted; a running one
-        // reports the interruption's trap (and is let go when `tracee` drops).
-        if !matches!(
-            stop,
-            libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
-        ) {
-            let state = proc_stat(pid)?.first().cloned().unwrap_or_default();
-            return Err(TwinError::NotStopped { pid, state });
-        }
-        Ok(tracee)
-    };
-    let f = seize(frozen, false)?;
-    let t = seize(twin, true)?;
+    let t = seize_stopped(twin, true)?;
     let threads = proc_tasks(twin)?.len();
     if threads != 1 {
         return Err(TwinError::TwinThreads { pid: twin, threads });
     }
     let mut report = TwinReport::default();
     let mut touched = false;
-    let result = copy(&f, &t, (limits, own), &deadline, &mut report, &mut touched);
+    let result = copy(
+        frozen,
+        &t,
+        (limits, own),
+        &deadline,
+        &mut report,
+        &mut touched,
+    );
     match result {
         Ok(()) => {
             let at = Instant::now();
@@ -478,14 +545,14 @@ pub fn make_twin_keeping(
 
 /// The copy proper, both processes seized; `touched` once `T` has been changed.
 fn copy(
-    f: &Tracee,
+    f: &FrozenState,
     t: &Tracee,
     (limits, own): (&TwinLimits, &[i32]),
     deadline: &Deadline,
     report: &mut TwinReport,
     touched: &mut bool,
 ) -> Result<(), TwinError> {
-    let (fp, tp) = (f.pid(), t.pid());
+    let (fp, tp) = (f.pid, t.pid());
     let f_maps = parse_maps(&read_proc(fp, "maps")?);
     let t_maps = parse_maps(&read_proc(tp, "maps")?);
     let f_pagemap = open_proc(fp, "pagemap", false)?;
@@ -519,7 +586,7 @@ fn copy(
     apply_maps(&inj, &plan, report)?;
     report.steps.maps = lap(&mut at);
     deadline.check("mapping")?;
-    copy_memory(f, &inj, &f_maps, &f_entries, limits, deadline, report)?;
+    copy_memory(fp, &inj, &f_maps, &f_entries, limits, deadline, report)?;
     let _ = lap(&mut at);
     apply_fds(&inj, &fds, report)?;
     carry_cwd_and_umask(&inj, fp, report)?;
@@ -932,7 +999,7 @@ fn apply_maps(
 
 /// The memory step: `F`'s private pages into `T`, `T`'s own dropped.
 fn copy_memory(
-    f: &Tracee,
+    fp: Pid,
     inj: &Injector<'_>,
     f_maps: &[Vma],
     f_entries: &[Vec<u64>],
@@ -941,7 +1008,7 @@ fn copy_memory(
     report: &mut TwinReport,
 ) -> Result<(), TwinError> {
     let started = Instant::now();
-    let (fp, tp) = (f.pid(), inj.t.pid());
+    let tp = inj.t.pid();
     let f_mem = open_proc(fp, "mem", false)?;
     let t_pagemap = open_proc(tp, "pagemap", false)?;
     let mut buf = vec![0u8; CHUNK_PAGES * PAGE as usize];
@@ -1093,21 +1160,15 @@ fn carry_cwd_and_umask(
 
 /// `F`'s registers into `T`: general (no system call to restart: `T` resumes at `F`'s
 /// instruction with `F`'s result), the whole extended state, the signal mask.
-fn set_registers(f: &Tracee, t: &Tracee) -> Result<(), TwinError> {
-    let (fp, tp) = (f.pid(), t.pid());
-    let mut regs = f.regs().map_err(|e| trace("reading registers", fp, e))?;
+fn set_registers(f: &FrozenState, t: &Tracee) -> Result<(), TwinError> {
+    let tp = t.pid();
+    let mut regs = f.regs;
     regs.orig_rax = u64::MAX;
-    let xstate = f
-        .xstate()
-        .map_err(|e| trace("reading the extended state", fp, e))?;
-    let mask = f
-        .sigmask()
-        .map_err(|e| trace("reading the signal mask", fp, e))?;
     t.set_regs(&regs)
         .map_err(|e| trace("setting registers", tp, e))?;
-    t.set_xstate(&xstate)
+    t.set_xstate(&f.xstate)
         .map_err(|e| trace("setting the extended state", tp, e))?;
-    t.set_sigmask(mask)
+    t.set_sigmask(f.mask)
         .map_err(|e| trace("setting the signal mask", tp, e))
 }
 
