@@ -7,7 +7,8 @@
 //! build the state, write the files, to that cell's result), then fork(1) and fork(N), each
 //! timed from the call to every branch's first `run_code` result (the state's size, checked).
 //! Printed: the parent's pause, the fork's own time, the branch's first result, and each over
-//! the baseline.
+//! the baseline; then fork(1) step by step (the branch's open, the freeze, the disk copy, the
+//! twin copy and its own steps, the join, the first `run_code`), each the median of the runs.
 
 use std::time::{Duration, Instant};
 
