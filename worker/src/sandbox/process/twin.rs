@@ -12,10 +12,9 @@
 //!    instruction it stopped after;
 //! 2. memory: every page `F` holds privately (written, copy-on-write, or swapped, as its
 //!    `pagemap` says) is read through `/proc/F/mem` (which, unlike `process_vm_readv`, does
-//!    not unshare the pages `F` shares with its parent) and written into `T` in runs of up to
-//!    1 MiB with `process_vm_writev`, or through `/proc/T/mem` where `T`'s protections refuse
-//!    that call (so protections do not matter); a page `T` holds privately and `F` does not
-//!    is dropped (`MADV_DONTNEED`);
+//!    not unshare the pages `F` shares with its parent) and written into `T` through
+//!    `/proc/T/mem`, in runs of up to 1 MiB (so protections do not matter); a page `T` holds
+//!    privately and `F` does not is dropped (`MADV_DONTNEED`);
 //! 3. files: `F`'s descriptors that name a file or directory are opened again by `T` at the
 //!    same number, flags and offset (B's disk is a copy of A's); `T`'s standard streams stay
 //!    its own; anything else (sockets, pipes, event descriptors, threads, other signal
@@ -1055,7 +1054,9 @@ fn copy_memory(
                     i += 1;
                 }
                 let at = addr + start as u64 * PAGE;
-                write_pages(tp, &inj.mem, at, &chunk[start * page..i * page])?;
+                inj.mem
+                    .write_all_at(&chunk[start * page..i * page], at)
+                    .map_err(|error| TwinError::Memory { addr: at, error })?;
                 report.copied_bytes += (i - start) as u64 * PAGE;
             }
             report.steps.memory_write += at.elapsed();
@@ -1074,25 +1075,6 @@ fn copy_memory(
 fn read_pages(mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
     mem.read_exact_at(buf, addr)
         .map_err(|error| TwinError::Memory { addr, error })
-}
-
-/// Writes pages into `T`: `process_vm_writev` (one copy, into pages pinned in batches), and
-/// its `/proc/<pid>/mem` from where that call stopped (a page `T` maps without write
-/// permission, which only `mem` writes).
-fn write_pages(pid: Pid, mem: &File, addr: u64, buf: &[u8]) -> Result<(), TwinError> {
-    let remote = [nix::sys::uio::RemoteIoVec {
-        base: addr as usize,
-        len: buf.len(),
-    }];
-    let done = nix::sys::uio::process_vm_writev(pid, &[std::io::IoSlice::new(buf)], &remote)
-        .unwrap_or(0)
-        .min(buf.len());
-    if done == buf.len() {
-        return Ok(());
-    }
-    let at = addr + done as u64;
-    mem.write_all_at(&buf[done..], at)
-        .map_err(|error| TwinError::Memory { addr: at, error })
 }
 
 /// The files step (see [`plan_fds`]).
