@@ -7,13 +7,14 @@
 //! build the state, write the files, to that cell's result), then fork(1) and fork(N), each
 //! timed from the call to every branch's first `run_code` result (the state's size, checked).
 //! Printed: the parent's pause, the fork's own time, the branch's first result, and each over
-//! the baseline.
+//! the baseline; then fork(1) step by step (the branch's open, the freeze, the disk copy, the
+//! twin copy and its own steps, the join, the first `run_code`), each the median of the runs.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Args;
-use forkbox::sandbox::{Engine, PythonSettings, SandboxSession, SessionSpec};
+use forkbox::sandbox::{Engine, ForkedBranch, PythonSettings, SandboxSession, SessionSpec};
 use forkbox_queue::schema::{Limits, Runtime};
 use serde_json::{json, Value};
 
@@ -58,7 +59,29 @@ struct Run {
     pause: [f64; 2],
     fork: [f64; 2],
     first: [f64; 2],
+    /// fork(1)'s steps, named, in the order of [`STEPS`].
+    steps: Vec<f64>,
 }
+
+/// fork(1)'s steps as printed: the node's steps, the twin copy's own within it, and what is
+/// left of the fork's time (the parent's kernel told to reap the frozen copy, the branch's
+/// result assembled).
+const STEPS: [&str; 14] = [
+    "branch sandbox open (to its hello)",
+    "freeze (the parent's fork, F found stopped)",
+    "disk copy",
+    "twin copy",
+    "  inspect (seize, maps, pagemaps, fds)",
+    "  mappings set up (injected calls)",
+    "  memory: read F's pages",
+    "  memory: write T's pages",
+    "  memory: T's pagemap, pages dropped",
+    "  fds reopened, cwd, umask",
+    "  finish (T's figures, registers, detach)",
+    "join (fork_join: reseed)",
+    "rest of fork_session",
+    "first run_code (after fork_session)",
+];
 
 pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
     let mut cfg = args.engine.engine_config(2);
@@ -88,6 +111,7 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
         v[v.len() / 2]
     };
     let rebuild = median(&|r| r.rebuild);
+    let twin_mib = runs.last().map_or(0.0, |r| r.steps[STEPS.len()]);
     println!(
         "session fork: {} MiB of state, {} MiB of files (median of {} runs)",
         args.state_mib, args.files_mib, args.runs
@@ -108,6 +132,10 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
             first / rebuild
         );
     }
+    println!("fork(1) step by step, median ms ({twin_mib:.1} MiB copied into the twin):");
+    for (i, name) in STEPS.iter().enumerate() {
+        println!("{name:<46} {:>8.2}", median(&|r| r.steps[i]));
+    }
     Ok(std::process::ExitCode::SUCCESS)
 }
 
@@ -126,6 +154,7 @@ async fn one_run(
         pause: [0.0; 2],
         fork: [0.0; 2],
         first: [0.0; 2],
+        steps: Vec::new(),
     };
     for (i, n) in [1, wide].into_iter().enumerate() {
         let started = Instant::now();
@@ -133,8 +162,13 @@ async fn one_run(
         out.fork[i] = started.elapsed().as_secs_f64() * 1e3;
         out.pause[i] = fork.parent_pause.as_secs_f64() * 1e3;
         let mut kids = Vec::new();
+        let freeze = fork.freeze;
         for b in fork.branches {
-            kids.push(b.context("a branch")?.session);
+            let b = b.context("a branch")?;
+            if kids.is_empty() && n == 1 {
+                out.steps = steps(&b, freeze, out.fork[i]);
+            }
+            kids.push(b.session);
         }
         for kid in &mut kids {
             let got = run(kid, CHECK).await?;
@@ -143,12 +177,41 @@ async fn one_run(
             }
         }
         out.first[i] = started.elapsed().as_secs_f64() * 1e3;
+        if n == 1 {
+            out.steps[STEPS.len() - 1] = out.first[i] - out.fork[i];
+        }
         for kid in kids {
             kid.kill().await;
         }
     }
     parent.kill().await;
     Ok(out)
+}
+
+/// fork(1)'s steps in ms, in the order of [`STEPS`] (the last, the first `run_code`, filled in
+/// by the caller), then the MiB copied into the twin.
+fn steps(b: &ForkedBranch, freeze: Duration, fork_ms: f64) -> Vec<f64> {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (s, t) = (&b.steps, &b.twin.steps);
+    let node = [s.open, freeze, s.disk, s.twin];
+    let rest = fork_ms - node.iter().map(|d| ms(*d)).sum::<f64>() - ms(s.join);
+    let mut out: Vec<f64> = node.into_iter().map(ms).collect();
+    out.extend(
+        [
+            t.inspect,
+            t.maps,
+            t.memory_read,
+            t.memory_write,
+            t.memory_other,
+            t.fds,
+            t.finish,
+            s.join,
+        ]
+        .map(ms),
+    );
+    out.extend([rest, 0.0]);
+    out.push(b.twin.copied_bytes as f64 / (1u64 << 20) as f64);
+    out
 }
 
 /// Runs a cell and returns its value's text.

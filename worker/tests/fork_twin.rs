@@ -186,7 +186,16 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
                 stopped(&format!("T{tok}")) == Some(t)
             });
             assert!(waits, "the late twin no longer waits");
+            let f_private = || private_dirty_kb(f);
+            let before = f_private();
             let report = make_twin(f, t, &limits).expect("the copy");
+            // Reading F's pages leaves those it shares with A shared (a read that pins them
+            // would have F copy each one first).
+            let unshared_kb = f_private().saturating_sub(before);
+            assert!(
+                unshared_kb < 1024,
+                "the copy made F copy {unshared_kb} KiB it shared with A ({report:?})"
+            );
             // F is the reference: it runs on too.
             nix::sys::signal::kill(f, nix::sys::signal::Signal::SIGCONT).unwrap();
             report
@@ -244,6 +253,17 @@ async fn a_twin_computes_what_the_frozen_branch_computes_in_its_own_sandbox() {
         forkbox_testkit::skipped("numpy in the twin's state (not importable by python3)");
     }
     eprintln!("{report:?}");
+}
+
+/// A process's written pages that no other process maps (`Private_Dirty`), in KiB.
+fn private_dirty_kb(pid: Pid) -> u64 {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap();
+    rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Private_Dirty:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Private_Dirty in {rollup}"))
 }
 
 /// The scenario's variant: the root run copies every private page, the rootless one skips

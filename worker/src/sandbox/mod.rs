@@ -42,14 +42,17 @@ pub use engine::session::{
 };
 pub use engine::session_ahead::{PreparedSession, SessionShape};
 pub use engine::session_checkpoint::{CheckpointError, SessionCheckpoint};
-pub use engine::session_fork::{ForkError, ForkedBranch, SessionFork};
+pub use engine::session_fork::{BranchSteps, ForkError, ForkedBranch, SessionFork};
 pub use engine::start::{
     default_slots, CgroupSource, Engine, EngineConfig, EngineError, Mechanisms,
 };
 pub use isolate::cgroup::{probe as probe_cgroup, Delegation};
 pub use isolate::rootfs::{own_mount_points, RootSource};
 pub use isolate::seccomp::denied_numbers;
-pub use process::twin::{make_twin, make_twin_keeping, TwinError, TwinLimits, TwinReport};
+pub use process::twin::{
+    make_twin, make_twin_keeping, make_twin_of, FrozenState, HeldFrozen, TwinError, TwinLimits,
+    TwinReport, TwinSteps,
+};
 pub use process::zygote::main as zygote_main;
 pub use runtime::python::{
     PythonRuntime, PythonSettings, DEFAULT_PRELOAD as DEFAULT_PYTHON_PRELOAD,

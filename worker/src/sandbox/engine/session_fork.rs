@@ -7,9 +7,10 @@
 //!    says so in its hello: opened first, so the parent pauses for none of it;
 //! 2. freeze: the parent's kernel forks a copy F of itself between cells, which stops at once
 //!    (`fork_freeze`); the parent pauses only for that fork, and answers on;
-//! 3. for each branch, from one blocking thread (ptrace belongs to the thread that seized, and
-//!    F can have one tracer at a time): copy the parent's disk into the branch's (the twin
-//!    opens the parent's files again by path), then `make_twin_keeping(F, T)`, keeping T's own
+//! 3. one blocking thread seizes F and reads its registers once (`HeldFrozen`: F can have
+//!    one tracer, and stays stopped while held); then for each branch, from that thread:
+//!    copy the parent's disk into the branch's (the twin opens the parent's files again by
+//!    path), then `make_twin_of(F, T)` (F's memory read through `/proc`), keeping T's own
 //!    pipes to its supervisor at the kernel's fixed numbers, so the copied interpreter talks
 //!    to the branch's supervisor;
 //! 4. kill F (the parent's kernel reaps it at its next request);
@@ -31,7 +32,9 @@ use super::disk_copy::{copy_dir_in, copy_work, DiskCopy, DiskCopyError, DiskSour
 use super::session::{OpenError, SandboxSession, SessionSpec};
 use super::start::Engine;
 use crate::sandbox::kernel::sys::{pidfd_open, pidfd_signal};
-use crate::sandbox::process::twin::{make_twin_keeping, TwinError, TwinLimits, TwinReport};
+use crate::sandbox::process::twin::{
+    make_twin_of, FrozenState, HeldFrozen, TwinError, TwinLimits, TwinReport,
+};
 
 /// The kernel's pipes to its supervisor (`KERNEL_CALLS_FD`, `KERNEL_REPLIES_FD` of
 /// `session_supervisor.py`): the twin keeps its own there.
@@ -58,12 +61,29 @@ pub struct ForkedBranch {
     pub reseeded: Vec<String>,
     pub twin: TwinReport,
     pub disk: DiskCopy,
+    /// Where the branch's time went.
+    pub steps: BranchSteps,
+}
+
+/// A branch's steps, timed by the node.
+#[derive(Debug, Clone, Default)]
+pub struct BranchSteps {
+    /// Its sandbox's open, to the supervisor's hello (side by side with the others').
+    pub open: Duration,
+    /// The parent's disk copied into its own.
+    pub disk: Duration,
+    /// The twin copy (its own steps in [`TwinReport::steps`]).
+    pub twin: Duration,
+    /// Its supervisor's `fork_join`, to its answer.
+    pub join: Duration,
 }
 
 /// A fork: the parent's pause and each branch, made or not.
 pub struct SessionFork {
     /// How long the parent's kernel paused for its fork, as it measured it.
     pub parent_pause: Duration,
+    /// The freeze as the node saw it: the call, its answer, and the frozen copy found stopped.
+    pub freeze: Duration,
     pub branches: Vec<Result<ForkedBranch, ForkError>>,
 }
 
@@ -113,10 +133,13 @@ impl Engine {
         n: usize,
     ) -> Result<SessionFork, ForkError> {
         self.check_forkable(parent, spec)?;
+        // The branches open first, so the parent pauses for none of it: opened while the
+        // parent's kernel forks, they raised its pause (median 3.4 ms to 11.9 ms, measured).
         let opened = self.open_branches(spec, n).await;
         if opened.iter().all(Result::is_err) {
             return Ok(SessionFork {
                 parent_pause: Duration::ZERO,
+                freeze: Duration::ZERO,
                 branches: opened
                     .into_iter()
                     .filter_map(Result::err)
@@ -124,15 +147,17 @@ impl Engine {
                     .collect(),
             });
         }
+        let started = std::time::Instant::now();
         let frozen = match freeze(parent, false).await {
             Ok(f) => f,
             Err(e) => {
-                for session in opened.into_iter().flatten() {
+                for (session, _) in opened.into_iter().flatten() {
                     session.kill().await;
                 }
                 return Err(e);
             }
         };
+        let freeze_took = started.elapsed();
         let disk = DiskSource::Sandbox(parent.host_pids().and_then(|p| p.first().copied()));
         let (f, pidfd) = (frozen.pid, frozen.pidfd);
         // F served every copy: it goes (its parent reaps it at its next request).
@@ -144,6 +169,7 @@ impl Engine {
             .await?;
         Ok(SessionFork {
             parent_pause: frozen.pause,
+            freeze: freeze_took,
             branches,
         })
     }
@@ -155,7 +181,7 @@ impl Engine {
         &self,
         f: Pid,
         disk: DiskSource,
-        opened: Vec<Result<SandboxSession, ForkError>>,
+        opened: Vec<Result<(SandboxSession, Duration), ForkError>>,
         spec: &SessionSpec,
         not_carried: &[String],
         after: impl FnOnce() + Send + 'static,
@@ -168,13 +194,10 @@ impl Engine {
         let work = self.inner.config.work_dir.clone();
         let targets: Vec<Option<(i32, i64)>> = opened
             .iter()
-            .map(|b| b.as_ref().ok().and_then(twin_of))
+            .map(|b| b.as_ref().ok().and_then(|(s, _)| twin_of(s)))
             .collect();
         let copies = tokio::task::spawn_blocking(move || {
-            let copies: Vec<_> = targets
-                .into_iter()
-                .map(|t| t.map(|t| copy_one(f, &disk, t, &work, &limits)))
-                .collect();
+            let copies = copy_all(f, &disk, &targets, &work, &limits);
             after();
             copies
         })
@@ -210,21 +233,25 @@ impl Engine {
         &self,
         spec: &SessionSpec,
         n: usize,
-    ) -> Vec<Result<SandboxSession, ForkError>> {
+    ) -> Vec<Result<(SandboxSession, Duration), ForkError>> {
         let mut branch = spec.clone();
         // The parent's disk is copied in whole; its spec's files would only be overwritten.
         branch.files.clear();
         let handles: Vec<_> = (0..n)
             .map(|_| {
                 let (engine, spec) = (self.clone(), branch.clone());
-                tokio::spawn(async move { engine.open_session_as(spec, true).await })
+                tokio::spawn(async move {
+                    let started = std::time::Instant::now();
+                    let opened = engine.open_session_as(spec, true).await;
+                    opened.map(|s| (s, started.elapsed()))
+                })
             })
             .collect();
         let mut out = Vec::with_capacity(n);
         for h in handles {
             let opened = match h.await {
-                Ok(Ok(s)) if s.hello()["twin_waiting"] == true => Ok(s),
-                Ok(Ok(s)) => {
+                Ok(Ok((s, took))) if s.hello()["twin_waiting"] == true => Ok((s, took)),
+                Ok(Ok((s, _))) => {
                     let end = s.kill().await;
                     Err(ForkError::Join(format!(
                         "its kernel did not stop for the copy ({})",
@@ -341,14 +368,45 @@ pub(super) async fn freeze(
     })
 }
 
+/// Every branch's disk and twin, one after the other: this thread holds F (seized, so it
+/// stays stopped) and reads its registers once; each twin is seized by this thread too.
+/// (Copies side by side, one thread per core with [`make_twin_of`], measured no faster on a
+/// loaded 2-core host: docs/benchmarks.md, "Session fork".)
+fn copy_all(
+    f: Pid,
+    disk: &DiskSource,
+    targets: &[Option<(i32, i64)>],
+    work: &str,
+    limits: &TwinLimits,
+) -> Vec<Option<Result<Copied, ForkError>>> {
+    let held = match HeldFrozen::seize(f) {
+        Ok(held) => held,
+        Err(e) => {
+            let why = format!("seizing the frozen copy: {e}");
+            return targets
+                .iter()
+                .map(|t| t.map(|_| Err(ForkError::Freeze(why.clone()))))
+                .collect();
+        }
+    };
+    targets
+        .iter()
+        .map(|t| t.map(|t| copy_one(held.state(), disk, t, work, limits)))
+        .collect()
+}
+
+/// A branch's disk copied (and the time it took) and its twin made.
+type Copied = (DiskCopy, Duration, TwinReport);
+
 /// One branch's disk and twin, on the copier's thread.
 fn copy_one(
-    f: Pid,
+    f: &FrozenState,
     disk: &DiskSource,
     (init, kernel): (i32, i64),
     work: &str,
     limits: &TwinLimits,
-) -> Result<(DiskCopy, TwinReport), ForkError> {
+) -> Result<Copied, ForkError> {
+    let started = std::time::Instant::now();
     let disk = match disk {
         DiskSource::Sandbox(Some(parent_init)) => copy_work(*parent_init, init, work)?,
         DiskSource::Sandbox(None) => {
@@ -359,6 +417,7 @@ fn copy_one(
         }
         DiskSource::Dir(dir) => copy_dir_in(dir, init, work)?,
     };
+    let disk_took = started.elapsed();
     let procs = sandbox_processes(init).map_err(|why| ForkError::Locate {
         what: "branch's sandbox",
         why,
@@ -371,18 +430,18 @@ fn copy_one(
             what: "twin",
             why: format!("no process {kernel} in the branch's sandbox"),
         })?;
-    let twin = make_twin_keeping(f, t, limits, &KERNEL_OWN_FDS)?;
-    Ok((disk, twin))
+    let twin = make_twin_of(f, t, limits, &KERNEL_OWN_FDS)?;
+    Ok((disk, disk_took, twin))
 }
 
 /// A branch's last step: its supervisor waits for the copied kernel; any failure kills it.
 async fn join(
-    opened: Result<SandboxSession, ForkError>,
-    copy: Option<Result<(DiskCopy, TwinReport), ForkError>>,
+    opened: Result<(SandboxSession, Duration), ForkError>,
+    copy: Option<Result<Copied, ForkError>>,
     parent_not_carried: &[String],
 ) -> Result<ForkedBranch, ForkError> {
-    let mut session = opened?;
-    let (disk, twin) = match copy {
+    let (mut session, open) = opened?;
+    let (disk, disk_took, twin) = match copy {
         Some(Ok(done)) => done,
         Some(Err(e)) => {
             session.kill().await;
@@ -396,6 +455,7 @@ async fn join(
             });
         }
     };
+    let started = std::time::Instant::now();
     let joined = match call(&mut session, json!({"op": "fork_join"})).await {
         Ok(r) if r["ok"] == true => Ok(r),
         Ok(r) => Err(ForkError::Join(
@@ -409,6 +469,12 @@ async fn join(
             session.kill().await;
             return Err(e);
         }
+    };
+    let steps = BranchSteps {
+        open,
+        disk: disk_took,
+        twin: twin.elapsed,
+        join: started.elapsed(),
     };
     let mut not_carried = parent_not_carried.to_vec();
     not_carried.extend(twin.not_carried.iter().cloned());
@@ -425,6 +491,7 @@ async fn join(
             .collect(),
         twin,
         disk,
+        steps,
     })
 }
 

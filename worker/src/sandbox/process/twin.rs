@@ -11,8 +11,10 @@
 //!    opened by `T` itself, in B's root), by system calls injected into `T` at the `syscall`
 //!    instruction it stopped after;
 //! 2. memory: every page `F` holds privately (written, copy-on-write, or swapped, as its
-//!    `pagemap` says) is copied into `T` through `/proc/T/mem` (so protections do not
-//!    matter); a page `T` holds privately and `F` does not is dropped (`MADV_DONTNEED`);
+//!    `pagemap` says) is read through `/proc/F/mem` (which, unlike `process_vm_readv`, does
+//!    not unshare the pages `F` shares with its parent) and written into `T` through
+//!    `/proc/T/mem`, in runs of up to 1 MiB (so protections do not matter); a page `T` holds
+//!    privately and `F` does not is dropped (`MADV_DONTNEED`);
 //! 3. files: `F`'s descriptors that name a file or directory are opened again by `T` at the
 //!    same number, flags and offset (B's disk is a copy of A's); `T`'s standard streams stay
 //!    its own; anything else (sockets, pipes, event descriptors, threads, other signal
@@ -83,6 +85,28 @@ pub struct TwinReport {
     /// pages it still shares with the zygote and the files' pages it maps.
     pub twin_private_kb: u64,
     pub elapsed: Duration,
+    /// Where `elapsed` went.
+    pub steps: TwinSteps,
+}
+
+/// Where a copy's time went, step by step.
+#[derive(Debug, Clone, Default)]
+pub struct TwinSteps {
+    /// Seizing both processes, reading their maps, pagemaps, descriptors and limits, and the
+    /// plans made from them.
+    pub inspect: Duration,
+    /// The maps step: `T`'s mappings removed, moved and made (injected calls).
+    pub maps: Duration,
+    /// Reading `F`'s private pages.
+    pub memory_read: Duration,
+    /// Writing them into `T` (with `skip_identical`, comparing them with `T`'s first).
+    pub memory_write: Duration,
+    /// The rest of the memory step: `T`'s pagemap read, its own pages dropped.
+    pub memory_other: Duration,
+    /// The files step: descriptors opened again, the working directory and umask.
+    pub fds: Duration,
+    /// `T`'s memory figures read, the registers set, `T` let go.
+    pub finish: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -402,39 +426,109 @@ pub fn make_twin_keeping(
     limits: &TwinLimits,
     own: &[i32],
 ) -> Result<TwinReport, TwinError> {
+    let held = HeldFrozen::seize(frozen)?;
+    make_twin_of(held.state(), twin, limits, own)
+}
+
+/// `F` seized by the calling thread, which holds it stopped until this is dropped, and what
+/// a copy takes of it through ptrace (its registers, extended state and signal mask), read
+/// once: any number of twins can then be made of it, each on a thread of its own
+/// ([`make_twin_of`]), since the rest of `F` is read through `/proc`, which needs no tracer.
+pub struct HeldFrozen {
+    _held: Tracee,
+    state: FrozenState,
+}
+
+/// What twins are made from: valid while its [`HeldFrozen`] holds `F` (it can only be borrowed
+/// from it).
+pub struct FrozenState {
+    pid: Pid,
+    regs: libc::user_regs_struct,
+    xstate: Vec<u8>,
+    mask: u64,
+}
+
+impl HeldFrozen {
+    /// Seizes the stopped process `frozen` and reads its registers.
+    pub fn seize(frozen: Pid) -> Result<HeldFrozen, TwinError> {
+        let f = seize_stopped(frozen, false)?;
+        let regs = f
+            .regs()
+            .map_err(|e| trace("reading registers", frozen, e))?;
+        let xstate = f
+            .xstate()
+            .map_err(|e| trace("reading the extended state", frozen, e))?;
+        let mask = f
+            .sigmask()
+            .map_err(|e| trace("reading the signal mask", frozen, e))?;
+        Ok(HeldFrozen {
+            _held: f,
+            state: FrozenState {
+                pid: frozen,
+                regs,
+                xstate,
+                mask,
+            },
+        })
+    }
+
+    pub fn state(&self) -> &FrozenState {
+        &self.state
+    }
+}
+
+/// Seizes a process that stopped itself; an error if it was running.
+fn seize_stopped(pid: Pid, exit_kill: bool) -> Result<Tracee, TwinError> {
+    let (tracee, stop) =
+        Tracee::seize(pid, exit_kill).map_err(|errno| TwinError::Seize { pid, errno })?;
+    // A process in a group stop reports its stop signal when interrupted; a running one
+    // reports the interruption's trap (and is let go when `tracee` drops).
+    if !matches!(
+        stop,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    ) {
+        let state = proc_stat(pid)?.first().cloned().unwrap_or_default();
+        return Err(TwinError::NotStopped { pid, state });
+    }
+    Ok(tracee)
+}
+
+/// [`make_twin_keeping`] from an `F` another thread holds: the twin is seized (and let go)
+/// by the calling thread, so twins of one `F` can be made side by side.
+pub fn make_twin_of(
+    frozen: &FrozenState,
+    twin: Pid,
+    limits: &TwinLimits,
+    own: &[i32],
+) -> Result<TwinReport, TwinError> {
     let started = Instant::now();
     let deadline = Deadline {
+        started,
         at: started + limits.timeout,
         timeout: limits.timeout,
     };
-    let seize = |pid: Pid, exit_kill: bool| -> Result<Tracee, TwinError> {
-        let (tracee, stop) =
-            Tracee::seize(pid, exit_kill).map_err(|errno| TwinError::Seize { pid, errno })?;
-        // A process in a group stop reports its stop signal when interrupted; a running one
-        // reports the interruption's trap (and is let go when `tracee` drops).
-        if !matches!(
-            stop,
-            libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
-        ) {
-            let state = proc_stat(pid)?.first().cloned().unwrap_or_default();
-            return Err(TwinError::NotStopped { pid, state });
-        }
-        Ok(tracee)
-    };
-    let f = seize(frozen, false)?;
-    let t = seize(twin, true)?;
+    let t = seize_stopped(twin, true)?;
     let threads = proc_tasks(twin)?.len();
     if threads != 1 {
         return Err(TwinError::TwinThreads { pid: twin, threads });
     }
     let mut report = TwinReport::default();
     let mut touched = false;
-    let result = copy(&f, &t, (limits, own), &deadline, &mut report, &mut touched);
+    let result = copy(
+        frozen,
+        &t,
+        (limits, own),
+        &deadline,
+        &mut report,
+        &mut touched,
+    );
     match result {
         Ok(()) => {
+            let at = Instant::now();
             let pidfd = t.detach().map_err(|errno| trace("detach", twin, errno))?;
             crate::sandbox::kernel::sys::pidfd_signal(&pidfd, libc::SIGCONT)
                 .map_err(|errno| trace("continue", twin, errno))?;
+            report.steps.finish += at.elapsed();
             report.elapsed = started.elapsed();
             Ok(report)
         }
@@ -450,14 +544,14 @@ pub fn make_twin_keeping(
 
 /// The copy proper, both processes seized; `touched` once `T` has been changed.
 fn copy(
-    f: &Tracee,
+    f: &FrozenState,
     t: &Tracee,
     (limits, own): (&TwinLimits, &[i32]),
     deadline: &Deadline,
     report: &mut TwinReport,
     touched: &mut bool,
 ) -> Result<(), TwinError> {
-    let (fp, tp) = (f.pid(), t.pid());
+    let (fp, tp) = (f.pid, t.pid());
     let f_maps = parse_maps(&read_proc(fp, "maps")?);
     let t_maps = parse_maps(&read_proc(tp, "maps")?);
     let f_pagemap = open_proc(fp, "pagemap", false)?;
@@ -485,23 +579,39 @@ fn copy(
     let inj = Injector::new(t)?;
     deadline.check("attaching")?;
     *touched = true;
+    let mut at = Instant::now();
+    report.steps.inspect = at - deadline.started;
     inj.map_scratch()?;
     apply_maps(&inj, &plan, report)?;
+    report.steps.maps = lap(&mut at);
     deadline.check("mapping")?;
-    copy_memory(f, &inj, &f_maps, &f_entries, limits, deadline, report)?;
+    copy_memory(fp, &inj, &f_maps, &f_entries, limits, deadline, report)?;
+    let _ = lap(&mut at);
     apply_fds(&inj, &fds, report)?;
     carry_cwd_and_umask(&inj, fp, report)?;
+    report.steps.fds = lap(&mut at);
     inj.call("munmap", libc::SYS_munmap, [SCRATCH, PAGE, 0, 0, 0, 0])?;
     report.twin_rss_kb = status_field(&read_proc(tp, "status")?, "VmRSS:");
     let rollup = read_proc(tp, "smaps_rollup")?;
     report.twin_private_kb = status_field(&rollup, "Private_Dirty:");
     deadline.check("copying")?;
-    set_registers(f, t)
+    set_registers(f, t)?;
+    report.steps.finish = lap(&mut at);
+    Ok(())
 }
 
 struct Deadline {
+    started: Instant,
     at: Instant,
     timeout: Duration,
+}
+
+/// The time since `at`, which moves to now.
+fn lap(at: &mut Instant) -> Duration {
+    let now = Instant::now();
+    let d = now - *at;
+    *at = now;
+    d
 }
 
 impl Deadline {
@@ -888,7 +998,7 @@ fn apply_maps(
 
 /// The memory step: `F`'s private pages into `T`, `T`'s own dropped.
 fn copy_memory(
-    f: &Tracee,
+    fp: Pid,
     inj: &Injector<'_>,
     f_maps: &[Vma],
     f_entries: &[Vec<u64>],
@@ -896,7 +1006,8 @@ fn copy_memory(
     deadline: &Deadline,
     report: &mut TwinReport,
 ) -> Result<(), TwinError> {
-    let (fp, tp) = (f.pid(), inj.t.pid());
+    let started = Instant::now();
+    let tp = inj.t.pid();
     let f_mem = open_proc(fp, "mem", false)?;
     let t_pagemap = open_proc(tp, "pagemap", false)?;
     let mut buf = vec![0u8; CHUNK_PAGES * PAGE as usize];
@@ -920,11 +1031,14 @@ fn copy_memory(
                 continue;
             }
             let chunk = &mut buf[..len as usize];
-            read_pages(fp, &f_mem, addr, chunk)?;
+            let at = Instant::now();
+            read_pages(&f_mem, addr, chunk)?;
+            report.steps.memory_read += at.elapsed();
+            let at = Instant::now();
             // With `skip_identical`, T's view of the same pages (its own, the zygote's it
             // still shares, or the file's) decides which need writing.
             let theirs = &mut tbuf[..len as usize];
-            let compare = limits.skip_identical && read_pages(tp, &inj.mem, addr, theirs).is_ok();
+            let compare = limits.skip_identical && read_pages(&inj.mem, addr, theirs).is_ok();
             let page = PAGE as usize;
             let same =
                 |i: usize| compare && chunk[i * page..][..page] == theirs[i * page..][..page];
@@ -945,23 +1059,20 @@ fn copy_memory(
                     .map_err(|error| TwinError::Memory { addr: at, error })?;
                 report.copied_bytes += (i - start) as u64 * PAGE;
             }
+            report.steps.memory_write += at.elapsed();
         }
     }
+    report.steps.memory_other = started
+        .elapsed()
+        .saturating_sub(report.steps.memory_read + report.steps.memory_write);
     Ok(())
 }
 
-/// Reads a process's pages: `process_vm_readv` (one copy), or its `/proc/<pid>/mem` for what
-/// its protections keep from that call (a page it made unreadable).
-fn read_pages(pid: Pid, mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
-    let len = buf.len();
-    let remote = [nix::sys::uio::RemoteIoVec {
-        base: addr as usize,
-        len,
-    }];
-    let read = nix::sys::uio::process_vm_readv(pid, &mut [std::io::IoSliceMut::new(buf)], &remote);
-    if read == Ok(len) {
-        return Ok(());
-    }
+/// Reads a process's pages through its `/proc/<pid>/mem`, whatever their protections.
+/// Never `process_vm_readv`: it pins the pages it reads, and pinning a page the process
+/// shares copy-on-write (the frozen copy with the parent, the twin with the zygote) makes
+/// the kernel copy it first, as a write would: a copy of every page read, and the memory.
+fn read_pages(mem: &File, addr: u64, buf: &mut [u8]) -> Result<(), TwinError> {
     mem.read_exact_at(buf, addr)
         .map_err(|error| TwinError::Memory { addr, error })
 }
@@ -1031,21 +1142,15 @@ fn carry_cwd_and_umask(
 
 /// `F`'s registers into `T`: general (no system call to restart: `T` resumes at `F`'s
 /// instruction with `F`'s result), the whole extended state, the signal mask.
-fn set_registers(f: &Tracee, t: &Tracee) -> Result<(), TwinError> {
-    let (fp, tp) = (f.pid(), t.pid());
-    let mut regs = f.regs().map_err(|e| trace("reading registers", fp, e))?;
+fn set_registers(f: &FrozenState, t: &Tracee) -> Result<(), TwinError> {
+    let tp = t.pid();
+    let mut regs = f.regs;
     regs.orig_rax = u64::MAX;
-    let xstate = f
-        .xstate()
-        .map_err(|e| trace("reading the extended state", fp, e))?;
-    let mask = f
-        .sigmask()
-        .map_err(|e| trace("reading the signal mask", fp, e))?;
     t.set_regs(&regs)
         .map_err(|e| trace("setting registers", tp, e))?;
-    t.set_xstate(&xstate)
+    t.set_xstate(&f.xstate)
         .map_err(|e| trace("setting the extended state", tp, e))?;
-    t.set_sigmask(mask)
+    t.set_sigmask(f.mask)
         .map_err(|e| trace("setting the signal mask", tp, e))
 }
 
