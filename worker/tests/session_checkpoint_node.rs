@@ -183,39 +183,25 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     assert_eq!(text(&q, &back, "x").await, "41");
 }
 
-fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(BIN)
-        .args(args)
-        .env("FORKBOX_REDIS_URL", url)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_checkpoints_restores_and_drops() {
     let (server, _w, q) = session_node("cp-node-2", &["--max-sessions", "4"]).await;
     let url = server.url();
-    let (code, out, err) = cli(&url, &["session", "create", "--runtime", "python"]);
+    let (code, out, err) = forkbox_cli(&url, &["session", "create", "--runtime", "python"]);
     assert_eq!(code, 0, "{err}");
     let sid = out.trim().to_owned();
-    let (code, _, err) = cli(&url, &["session", "run-code", &sid, "y = 6 * 7"]);
+    let (code, _, err) = forkbox_cli(&url, &["session", "run-code", &sid, "y = 6 * 7"]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = cli(&url, &["session", "checkpoint", &sid, "--ttl", "300"]);
+    let (code, out, err) = forkbox_cli(&url, &["session", "checkpoint", &sid, "--ttl", "300"]);
     assert_eq!(code, 0, "{err}");
     let cp = out.trim().to_owned();
     assert_eq!(checkpoint_session(&cp), Some(sid.as_str()), "{out}");
-    let (code, _, err) = cli(&url, &["session", "run-code", &sid, "y = 0"]);
+    let (code, _, err) = forkbox_cli(&url, &["session", "run-code", &sid, "y = 0"]);
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = cli(&url, &["session", "restore", &cp]);
+    let (code, out, err) = forkbox_cli(&url, &["session", "restore", &cp]);
     assert_eq!(code, 0, "{err}");
     let back = out.trim().to_owned();
-    let (code, out, err) = cli(&url, &["session", "run-code", &back, "y"]);
+    let (code, out, err) = forkbox_cli(&url, &["session", "run-code", &back, "y"]);
     assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
     // Another session cannot be asked for it: the call names the session it is not of.
     let other = open_session(&q, &session_job()).await;
@@ -231,12 +217,12 @@ async fn the_cli_checkpoints_restores_and_drops() {
         Err(e) => e.to_string(),
     };
     assert!(refused.contains("is a checkpoint of session"), "{refused}");
-    let (code, _, err) = cli(&url, &["session", "drop-checkpoint", &cp]);
+    let (code, _, err) = forkbox_cli(&url, &["session", "drop-checkpoint", &cp]);
     assert_eq!(code, 0, "{err}");
-    let (code, _, err) = cli(&url, &["session", "restore", &cp]);
+    let (code, _, err) = forkbox_cli(&url, &["session", "restore", &cp]);
     assert_ne!(code, 0);
     assert!(err.contains("is unknown"), "{err}");
-    let (code, _, err) = cli(&url, &["session", "restore", "not-a-checkpoint"]);
+    let (code, _, err) = forkbox_cli(&url, &["session", "restore", "not-a-checkpoint"]);
     assert_ne!(code, 0);
     assert!(err.contains("is not a checkpoint's id"), "{err}");
 }

@@ -122,28 +122,14 @@ where
     false
 }
 
-fn cli(url: &str, args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(BIN)
-        .args(args)
-        .env("FORKBOX_REDIS_URL", url)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_forks_a_session_and_prints_the_new_ids() {
     let (server, _w, _q) = session_node("f-node-2", &["--max-sessions", "4"]).await;
     let url = server.url();
-    let (code, out, err) = cli(&url, &["session", "create", "--runtime", "python"]);
+    let (code, out, err) = forkbox_cli(&url, &["session", "create", "--runtime", "python"]);
     assert_eq!(code, 0, "{err}");
     let sid = out.trim().to_owned();
-    let (code, _, err) = cli(
+    let (code, _, err) = forkbox_cli(
         &url,
         &[
             "session",
@@ -153,18 +139,18 @@ async fn the_cli_forks_a_session_and_prints_the_new_ids() {
         ],
     );
     assert_eq!(code, 0, "{err}");
-    let (code, out, err) = cli(&url, &["session", "fork", &sid, "-n", "2"]);
+    let (code, out, err) = forkbox_cli(&url, &["session", "fork", &sid, "-n", "2"]);
     assert_eq!(code, 0, "{err}");
     let kids: Vec<&str> = out.lines().collect();
     assert_eq!(kids.len(), 2, "{out}");
     // What a branch does not get is said, per branch.
     assert_eq!(err.matches("not carried: fd").count(), 4, "{err}");
     for kid in &kids {
-        let (code, out, err) = cli(&url, &["session", "run-code", kid, "y"]);
+        let (code, out, err) = forkbox_cli(&url, &["session", "run-code", kid, "y"]);
         assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
     }
     // Past the node's capacity (four sessions, three live): refused, saying how many fit.
-    let (code, _, err) = cli(&url, &["session", "fork", &sid, "-n", "2"]);
+    let (code, _, err) = forkbox_cli(&url, &["session", "fork", &sid, "-n", "2"]);
     assert_ne!(code, 0);
     assert!(err.contains("can make 1 of the 2"), "{err}");
 }

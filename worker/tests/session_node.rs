@@ -251,48 +251,25 @@ async fn a_clean_stop_ends_every_session_as_node_stopped() {
     assert_eq!(info.reason.as_deref(), Some("node_stopped"));
 }
 
-fn cli(url: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
-    use std::io::Write;
-    let mut child = std::process::Command::new(BIN)
-        .args(args)
-        .env("FORKBOX_REDIS_URL", url)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_creates_calls_and_ends_a_session() {
     let server = start_redis();
     let _w = worker(&server, "s-node-6", &[]);
     let url = server.url();
-    let (code, out, err) = cli(&url, &["session", "create", "--runtime", "python"], "");
+    let (code, out, err) =
+        forkbox_cli_with(&url, &["session", "create", "--runtime", "python"], "");
     assert_eq!(code, 0, "{err}");
     let sid = out.trim().to_owned();
-    let (code, out, err) = cli(
+    let (code, out, err) = forkbox_cli_with(
         &url,
         &["session", "run-code", &sid, "-"],
         "print('a')\nv = 6\nv * 7",
     );
     assert_eq!((code, out.as_str()), (0, "a\n42\n"), "{err}");
-    let (code, _, err) = cli(&url, &["session", "run-code", &sid, "1/0"], "");
+    let (code, _, err) = forkbox_cli_with(&url, &["session", "run-code", &sid, "1/0"], "");
     assert_eq!(code, 1);
     assert!(err.contains("ZeroDivisionError"), "{err}");
-    let (code, out, err) = cli(
+    let (code, out, err) = forkbox_cli_with(
         &url,
         &[
             "session",
@@ -306,29 +283,29 @@ async fn the_cli_creates_calls_and_ends_a_session() {
         "",
     );
     assert_eq!((code, out.as_str(), err.as_str()), (7, "out\n", "err\n"));
-    let (code, _, err) = cli(
+    let (code, _, err) = forkbox_cli_with(
         &url,
         &["session", "files", &sid, "write", "d/x.txt"],
         "hello",
     );
     assert_eq!(code, 0, "{err}");
-    let (code, out, _) = cli(
+    let (code, out, _) = forkbox_cli_with(
         &url,
         &["run", "--session", &sid, "--", "cat", "d/x.txt"],
         "",
     );
     assert_eq!((code, out.as_str()), (0, "hello"));
-    let (code, out, _) = cli(
+    let (code, out, _) = forkbox_cli_with(
         &url,
         &["session", "files", &sid, "read", "/work/d/x.txt"],
         "",
     );
     assert_eq!((code, out.as_str()), (0, "hello"));
-    let (code, out, _) = cli(&url, &["session", "list"], "");
+    let (code, out, _) = forkbox_cli_with(&url, &["session", "list"], "");
     assert!(code == 0 && out.contains(&sid), "{out}");
-    let (code, _, _) = cli(&url, &["session", "kill", &sid], "");
+    let (code, _, _) = forkbox_cli_with(&url, &["session", "kill", &sid], "");
     assert_eq!(code, 0);
-    let (code, _, err) = cli(&url, &["session", "run-code", &sid, "1"], "");
+    let (code, _, err) = forkbox_cli_with(&url, &["session", "run-code", &sid, "1"], "");
     assert_eq!(code, 125);
     assert!(err.contains("session ended: killed"), "{err}");
 }
@@ -488,7 +465,7 @@ async fn a_call_past_the_waiting_ones_is_busy_and_the_running_call_is_intact() {
         other => panic!("not busy: {other:?}"),
     }
     // The command line says so too, and exits 125.
-    let (code, out, err) = cli(&url, &["session", "run-code", &s.id, "'never'"], "");
+    let (code, out, err) = forkbox_cli_with(&url, &["session", "run-code", &s.id, "'never'"], "");
     assert_eq!((code, out.as_str()), (125, ""), "{err}");
     assert!(err.contains("session busy"), "{err}");
 
@@ -550,7 +527,7 @@ async fn info_reports_the_disk_a_session_uses_beside_its_size() {
         (before + 6 * MIB..before + 7 * MIB).contains(&full),
         "{before} then {full}"
     );
-    let (code, out, err) = cli(&url, &["session", "info", &s.id], "");
+    let (code, out, err) = forkbox_cli_with(&url, &["session", "info", &s.id], "");
     assert_eq!(code, 0, "{err}");
     let shown: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(shown["disk_mb"], 24, "{shown}");

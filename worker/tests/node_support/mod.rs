@@ -484,3 +484,34 @@ pub async fn session_result(
         other => panic!("not a result: {other:?}"),
     }
 }
+
+/// Runs `forkbox ARGS` against the Redis at `url` with `stdin` on its standard input: its
+/// exit code, standard output and standard error.
+pub fn forkbox_cli_with(url: &str, args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = std::process::Command::new(BIN)
+        .args(args)
+        .env("FORKBOX_REDIS_URL", url)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// [`forkbox_cli_with`] with nothing on standard input.
+pub fn forkbox_cli(url: &str, args: &[&str]) -> (i32, String, String) {
+    forkbox_cli_with(url, args, "")
+}
