@@ -593,8 +593,14 @@ async fn a_session_ends_at_its_ttl_and_its_cpu_time_is_counted_across_calls() {
     let mut used_ms = 0;
     for i in 0..16 {
         let frame = json!({"id": format!("spin{i}"), "op": "run_code", "code": spin});
-        s.send(&serde_json::to_vec(&frame).unwrap()).await.unwrap();
-        match s.recv().await {
+        // The budget can run out just after a call's result was sent (the watchdog samples
+        // it), so the session may be gone before the next call: its end is read then.
+        let sent = s.send(&serde_json::to_vec(&frame).unwrap()).await;
+        let next = s.recv().await;
+        if let (Err(why), Ok(f)) = (&sent, &next) {
+            panic!("call {i} was not sent ({why}) yet a frame came: {f:?}");
+        }
+        match next {
             Ok(f) => {
                 let r: Value = serde_json::from_slice(&f).unwrap();
                 assert!(r["cpu_ms"].as_u64().unwrap() >= 500, "{r}");
