@@ -4,8 +4,9 @@
 //! that `nix` does not cover safely: `clone3` with a pidfd, `pidfd_send_signal`, `pidfd_open`,
 //! `pidfd_getfd`, a pipe's `FIONREAD`, `wait4`,
 //! capability dropping, loading a pre-compiled seccomp program, `close_range`, bringing `lo` up,
-//! `openat2` and `mount_setattr`, and `fork` in a process known to be single-threaded. Each
-//! block states why it is sound.
+//! `openat2` and `mount_setattr`, and `fork` in a process known to be single-threaded (with
+//! the measurement forks of `process::copy_cost`, whose children run nothing). Each block
+//! states why it is sound.
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -88,6 +89,32 @@ impl SingleThreaded {
             let _ = advise(start, end, libc::MADV_DOFORK);
         }
         forked
+    }
+
+    /// Forks a child that enters the `namespaces` of the process behind `pidfd` (one `setns`
+    /// through the pidfd) and exits: 0 when it entered them, 1 when the kernel refused. Like
+    /// [`fork_and_exit_without`](Self::fork_and_exit_without), a measurement.
+    pub fn fork_enter_and_exit(
+        &self,
+        pidfd: &OwnedFd,
+        namespaces: libc::c_int,
+    ) -> Result<Pid, Errno> {
+        let fd = pidfd.as_raw_fd();
+        // SAFETY: a raw fork, as in `fork_and_exit_without`; the child makes two system calls
+        // on integers (the descriptor is its inherited copy) and never returns.
+        let ret = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+        match ret {
+            -1 => Err(Errno::last()),
+            0 => {
+                // SAFETY: integer-only system calls; the child ends with the second.
+                unsafe {
+                    let entered = libc::setns(fd, namespaces) == 0;
+                    libc::syscall(libc::SYS_exit_group, if entered { 0 } else { 1 });
+                }
+                unreachable!("exit_group returned")
+            }
+            pid => Ok(Pid::from_raw(pid as i32)),
+        }
     }
 }
 

@@ -43,6 +43,10 @@ pub enum CopyMode {
     Lean,
     /// Everything but those and the heap's growth during the warm-up.
     Leanest,
+    /// Everything, and the child enters a sandbox's six namespaces (user, mount, pid, ipc,
+    /// uts, network) through its init's pidfd before it exits: what a launcher made from
+    /// outside its sandbox adds.
+    Entering,
 }
 
 /// One mode's figures in one round, per fork (parent and child together).
@@ -86,6 +90,8 @@ pub struct CopyCost {
     pub figures: Vec<CopyFigures>,
     /// `sys.modules` after the warm-up.
     pub modules: usize,
+    /// Why *entering* was not measured (no namespaces could be made here), if it was not.
+    pub entering_skipped: Option<String>,
 }
 
 /// One mapping of `/proc/<pid>/smaps`: its range, whether it is private, its name, and its
@@ -212,12 +218,61 @@ fn cpu_us(who: UsageWho) -> u64 {
     })
 }
 
-/// `iterations` forks leaving `without` out, each child reaped: the figures per fork.
+/// The namespaces a sandbox's init has that a launcher made from outside would enter.
+const SANDBOX_NAMESPACES: libc::c_int = libc::CLONE_NEWUSER
+    | libc::CLONE_NEWNS
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWNET;
+
+/// A process in namespaces of its own, standing for a sandbox's init: it waits until the pipe
+/// it holds the read end of is closed.
+struct Target {
+    pid: nix::unistd::Pid,
+    pidfd: std::os::fd::OwnedFd,
+    hold: Option<std::os::fd::OwnedFd>,
+}
+
+impl Target {
+    fn start(one: &SingleThreaded) -> Result<Target, String> {
+        let (r, w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+        match one
+            .clone_into_namespaces(SANDBOX_NAMESPACES)
+            .map_err(|e| format!("clone3 into new namespaces: {e}"))?
+        {
+            sys::Forked::Child(_) => {
+                drop(w);
+                let _ = nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(&r), &mut [0u8; 1]);
+                sys::exit_now(0)
+            }
+            sys::Forked::Parent { pid, pidfd } => Ok(Target {
+                pid,
+                pidfd: pidfd.ok_or_else(|| "clone3 gave no pidfd".to_owned())?,
+                hold: Some(w),
+            }),
+        }
+    }
+
+    fn stop(mut self) {
+        self.hold.take();
+        let _ = sys::wait4_blocking(self.pid);
+    }
+}
+
+/// What each measured fork's child does.
+enum Child<'a> {
+    ExitWithout(&'a [Range]),
+    Enter(&'a Target),
+}
+
+/// `iterations` forks, each child reaped: the figures per fork.
 fn measure(
     one: &SingleThreaded,
     mode: CopyMode,
     round: usize,
-    without: &[Range],
+    child: &Child<'_>,
     iterations: usize,
 ) -> Result<CopyFigures, String> {
     let n = iterations.max(1);
@@ -225,10 +280,17 @@ fn measure(
     let parent_before = cpu_us(UsageWho::RUSAGE_SELF);
     let mut child_us = 0u64;
     for _ in 0..n {
-        let pid = one
-            .fork_and_exit_without(without)
-            .map_err(|e| format!("fork ({mode:?}): {e}"))?;
-        let (_, usage) = sys::wait4_blocking(pid).map_err(|e| format!("wait4: {e}"))?;
+        let pid = match child {
+            Child::ExitWithout(without) => one.fork_and_exit_without(without),
+            Child::Enter(target) => one.fork_enter_and_exit(&target.pidfd, SANDBOX_NAMESPACES),
+        }
+        .map_err(|e| format!("fork ({mode:?}): {e}"))?;
+        let (status, usage) = sys::wait4_blocking(pid).map_err(|e| format!("wait4: {e}"))?;
+        if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+            return Err(format!(
+                "{mode:?}: the child failed (wait status {status:#x})"
+            ));
+        }
         child_us += usage.cpu_us;
     }
     let parent_us = cpu_us(UsageWho::RUSAGE_SELF).saturating_sub(parent_before);
@@ -248,7 +310,14 @@ pub fn measure_init_copy(plan: &CopyCostPlan) -> Result<CopyCost, String> {
         .ok_or_else(|| "the measurement must run in a single-threaded process".to_owned())?;
     let mut figures = Vec::new();
     for round in 0..plan.rounds {
-        figures.push(measure(&one, CopyMode::Plain, round, &[], plan.iterations)?);
+        let child = Child::ExitWithout(&[]);
+        figures.push(measure(
+            &one,
+            CopyMode::Plain,
+            round,
+            &child,
+            plan.iterations,
+        )?);
     }
     let interpreter = python::probe(&plan.python.executable)?;
     let before = smaps()?;
@@ -266,21 +335,34 @@ pub fn measure_init_copy(plan: &CopyCostPlan) -> Result<CopyCost, String> {
     let mut leanest = lean.clone();
     leanest.extend(heap);
     leanest.sort_unstable();
-    let modes = [
-        (CopyMode::Whole, Vec::new()),
-        (CopyMode::Lean, lean),
-        (CopyMode::Leanest, leanest),
+    // Made after the warm-up, so it is a copy of the warm process like every sandbox's init.
+    let target = Target::start(&one);
+    let entering_skipped = target.as_ref().err().cloned();
+    let mut modes = vec![
+        (CopyMode::Whole, Child::ExitWithout(&[])),
+        (CopyMode::Lean, Child::ExitWithout(&lean)),
+        (CopyMode::Leanest, Child::ExitWithout(&leanest)),
     ];
-    for round in 0..plan.rounds {
-        for k in 0..modes.len() {
-            let (mode, without) = &modes[(round + k) % modes.len()];
-            figures.push(measure(&one, *mode, round, without, plan.iterations)?);
-        }
+    if let Ok(target) = &target {
+        modes.push((CopyMode::Entering, Child::Enter(target)));
     }
+    let result = (0..plan.rounds).try_for_each(|round| {
+        (0..modes.len()).try_for_each(|k| {
+            let (mode, child) = &modes[(round + k) % modes.len()];
+            figures.push(measure(&one, *mode, round, child, plan.iterations)?);
+            Ok::<(), String>(())
+        })
+    });
+    drop(modes);
+    if let Ok(target) = target {
+        target.stop();
+    }
+    result?;
     Ok(CopyCost {
         memory,
         figures,
         modules: info.modules.len(),
+        entering_skipped,
     })
 }
 
