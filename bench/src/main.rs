@@ -9,7 +9,10 @@
 //!   level, and its idle memory, against a warm one-shot job;
 //! - `twin` (twin.rs): the twin copy a session's fork uses, against rebuilding the same state;
 //! - `fork` (fork.rs): a live session's fork to each branch's first result, against a fresh
-//!   session building the same state and files.
+//!   session building the same state and files;
+//! - `init-copy` (init_copy.rs): what a warm-runtime sandbox's init pays for inheriting the
+//!   interpreter, against an init that would not (fork and exit of this process's copy, with
+//!   and without the interpreter's mappings).
 //!
 //! Like `forkbox`, this binary serves its engine's zygote (`forkbox-bench __zygote`), so what it
 //! measures is the sandbox code of the same build.
@@ -22,6 +25,7 @@ use forkbox::sandbox::{EngineConfig, PythonSettings};
 use forkbox_queue::schema::Network;
 
 mod fork;
+mod init_copy;
 mod queue;
 mod session;
 mod spawn;
@@ -50,6 +54,9 @@ enum Bench {
     /// A live session's fork, fork(1) and fork(N), to each branch's first run_code result,
     /// against a fresh session building the same state and files.
     Fork(fork::ForkBenchArgs),
+    /// What a warm-runtime init pays for inheriting the interpreter: fork and exit of a copy
+    /// of this process with and without the interpreter's mappings, alternated.
+    InitCopy(init_copy::InitCopyArgs),
 }
 
 /// What the measured engine is built with: the options of `forkbox worker` that change what a
@@ -108,6 +115,8 @@ fn main() -> ExitCode {
         Bench::Session(args) => session::main(args),
         Bench::Twin(args) => twin::main(args),
         Bench::Fork(args) => fork::main(args),
+        // Before any thread: it loads the interpreter into this process and forks it.
+        Bench::InitCopy(args) => init_copy::main(args),
     };
     result.unwrap_or_else(|e| {
         eprintln!("forkbox-bench: {e:#}");

@@ -102,3 +102,49 @@ fn no_jobs_is_refused_with_the_flag_named() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--jobs"), "{stderr}");
 }
+
+#[test]
+fn init_copy_forks_the_warm_process_in_every_mode_and_leaves_out_what_the_warm_up_added() {
+    let report = json(&bench(&[
+        "init-copy",
+        "--iterations",
+        "20",
+        "--rounds",
+        "2",
+        "--json",
+    ]));
+    // The interpreter was loaded: the warm-up added mappings, some of them anonymous, which
+    // the lean forks marked out of their children (every child exited 0, or the run failed).
+    assert!(figure(&report, "modules") > 10.0, "{report}");
+    assert!(figure(&report, "added_ranges") > 0.0, "{report}");
+    assert!(figure(&report, "added_anon_kib") > 0.0, "{report}");
+    let modes: Vec<&str> = report["figures"]
+        .as_array()
+        .expect("figures")
+        .iter()
+        .map(|f| f["mode"].as_str().expect("mode"))
+        .collect();
+    for mode in ["plain", "whole", "lean", "leanest"] {
+        assert_eq!(
+            modes.iter().filter(|m| **m == mode).count(),
+            2,
+            "{mode} once a round: {modes:?}"
+        );
+    }
+    // Entering namespaces needs a user namespace: measured, or said why not.
+    let entering = modes.iter().filter(|m| **m == "entering").count();
+    if entering == 0 {
+        let why = report["entering_skipped"].as_str().expect("a reason");
+        println!("SKIPPED: entering: {why}");
+    } else {
+        assert_eq!(entering, 2, "{modes:?}");
+    }
+}
+
+#[test]
+fn no_rounds_is_refused_with_the_flag_named() {
+    let out = bench(&["init-copy", "--rounds", "0"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--rounds"), "{stderr}");
+}

@@ -49,6 +49,9 @@ pub use engine::start::{
 pub use isolate::cgroup::{probe as probe_cgroup, Delegation};
 pub use isolate::rootfs::{own_mount_points, RootSource};
 pub use isolate::seccomp::denied_numbers;
+pub use process::copy_cost::{
+    measure_init_copy, AddedMemory, CopyCost, CopyCostPlan, CopyFigures, CopyMode,
+};
 pub use process::twin::{
     make_twin, make_twin_keeping, make_twin_of, FrozenState, HeldFrozen, TwinError, TwinLimits,
     TwinReport, TwinSteps,

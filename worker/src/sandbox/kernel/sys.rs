@@ -4,8 +4,9 @@
 //! that `nix` does not cover safely: `clone3` with a pidfd, `pidfd_send_signal`, `pidfd_open`,
 //! `pidfd_getfd`, a pipe's `FIONREAD`, `wait4`,
 //! capability dropping, loading a pre-compiled seccomp program, `close_range`, bringing `lo` up,
-//! `openat2` and `mount_setattr`, and `fork` in a process known to be single-threaded. Each
-//! block states why it is sound.
+//! `openat2` and `mount_setattr`, and `fork` in a process known to be single-threaded (with
+//! the measurement forks of `process::copy_cost`, whose children run nothing). Each block
+//! states why it is sound.
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -57,6 +58,86 @@ impl SingleThreaded {
     pub fn fork(&self) -> Result<Forked, Errno> {
         // SAFETY: `self` proves the process single-threaded.
         unsafe { fork_single_threaded() }
+    }
+
+    /// Forks a child that exits at once, the address ranges `without` marked `MADV_DONTFORK`
+    /// around the fork so that the child gets no copy of them (marked back `MADV_DOFORK`
+    /// before this returns, whatever happened). Returns the child, for the caller to reap.
+    /// What this costs is what a process that inherits the rest of this address space, and
+    /// never touches the ranges, costs to make and to end: a measurement, not a sandbox.
+    pub fn fork_and_exit_without(&self, without: &[(usize, usize)]) -> Result<Pid, Errno> {
+        let marked = without
+            .iter()
+            .try_for_each(|&(start, end)| advise(start, end, libc::MADV_DONTFORK));
+        let forked = marked.and_then(|()| {
+            // SAFETY: a raw fork (no CLONE_VM: the child gets a copy-on-write copy of what is
+            // not marked). The child runs nothing but the `exit_group` below: it touches
+            // neither the ranges it lacks nor any lock (the caller is single-threaded anyway,
+            // `self` proves it), and never returns into the caller's code.
+            let ret = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+            match ret {
+                -1 => Err(Errno::last()),
+                0 => {
+                    // SAFETY: ends the child at once; nothing is unwound or flushed.
+                    unsafe { libc::syscall(libc::SYS_exit_group, 0) };
+                    unreachable!("exit_group returned")
+                }
+                pid => Ok(Pid::from_raw(pid as i32)),
+            }
+        });
+        for &(start, end) in without {
+            let _ = advise(start, end, libc::MADV_DOFORK);
+        }
+        forked
+    }
+
+    /// Forks a child that enters the `namespaces` of the process behind `pidfd` (one `setns`
+    /// through the pidfd) and exits: 0 when it entered them, 1 when the kernel refused. Like
+    /// [`fork_and_exit_without`](Self::fork_and_exit_without), a measurement.
+    pub fn fork_enter_and_exit(
+        &self,
+        pidfd: &OwnedFd,
+        namespaces: libc::c_int,
+    ) -> Result<Pid, Errno> {
+        let fd = pidfd.as_raw_fd();
+        // SAFETY: a raw fork, as in `fork_and_exit_without`; the child makes two system calls
+        // on integers (the descriptor is its inherited copy) and never returns.
+        let ret = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD, 0, 0, 0, 0) };
+        match ret {
+            -1 => Err(Errno::last()),
+            0 => {
+                // SAFETY: integer-only system calls; the child ends with the second.
+                unsafe {
+                    let entered = libc::setns(fd, namespaces) == 0;
+                    libc::syscall(libc::SYS_exit_group, if entered { 0 } else { 1 });
+                }
+                unreachable!("exit_group returned")
+            }
+            pid => Ok(Pid::from_raw(pid as i32)),
+        }
+    }
+}
+
+/// `madvise(advice)` over `[start, end)` of this process, for the advice that change only what
+/// a later fork's child gets (`MADV_DONTFORK`, `MADV_DOFORK`), never what this process sees.
+fn advise(start: usize, end: usize, advice: libc::c_int) -> Result<(), Errno> {
+    if advice != libc::MADV_DONTFORK && advice != libc::MADV_DOFORK {
+        return Err(Errno::EINVAL);
+    }
+    // SAFETY: these two advice only set or clear VM_DONTCOPY on the mappings of the range: the
+    // contents and protections of this process's memory are unchanged, so no reference into
+    // it is invalidated. An unmapped or unaligned range fails with an errno.
+    let ret = unsafe {
+        libc::madvise(
+            start as *mut libc::c_void,
+            end.saturating_sub(start),
+            advice,
+        )
+    };
+    if ret == -1 {
+        Err(Errno::last())
+    } else {
+        Ok(())
     }
 }
 
