@@ -9,7 +9,8 @@
 //!   level, and its idle memory, against a warm one-shot job;
 //! - `twin` (twin.rs): the twin copy a session's fork uses, against rebuilding the same state;
 //! - `fork` (fork.rs): a live session's fork to each branch's first result, against a fresh
-//!   session building the same state and files.
+//!   session building the same state and files, and its checkpoint and restore; at the engine
+//!   and through an in-process node and Redis as a client calls them (fork_node.rs).
 //!
 //! Like `forkbox`, this binary serves its engine's zygote (`forkbox-bench __zygote`), so what it
 //! measures is the sandbox code of the same build.
@@ -22,6 +23,7 @@ use forkbox::sandbox::{EngineConfig, PythonSettings};
 use forkbox_queue::schema::Network;
 
 mod fork;
+mod fork_node;
 mod queue;
 mod session;
 mod spawn;
@@ -48,7 +50,8 @@ enum Bench {
     /// The twin copy of a session's fork: the parent's pause, the copy, the twin's memory.
     Twin(twin::TwinBenchArgs),
     /// A live session's fork, fork(1) and fork(N), to each branch's first run_code result,
-    /// against a fresh session building the same state and files.
+    /// against a fresh session building the same state and files; its checkpoint and
+    /// restore; at the engine and through a node and Redis.
     Fork(fork::ForkBenchArgs),
 }
 
