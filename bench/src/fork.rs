@@ -71,6 +71,9 @@ pub(crate) const CHECK: &str = r#"(len(state["d"]), len(state["blobs"]))"#;
 pub(crate) struct Timed {
     /// The parent opened, its state and files built: the baseline.
     pub rebuild: f64,
+    /// A `run_code` of `1 + 1` in the parent, to its result: what any call costs (the median
+    /// of [`TRIPS`]).
+    pub trip: f64,
     /// The parent's pause in fork(1) and fork(N), as its kernel measured it.
     pub pause: [f64; 2],
     /// fork(1) and fork(N), to the fork's answer.
@@ -85,6 +88,15 @@ pub(crate) struct Timed {
     pub restore_first: f64,
     /// The checkpoint's call to the restored session's first result.
     pub checkpoint_to_first: f64,
+}
+
+/// The round trips of a trivial call timed per run.
+pub(crate) const TRIPS: usize = 5;
+
+/// The middle of `v`.
+pub(crate) fn middle(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
 }
 
 /// One of a run's figures, read from its [`Timed`].
@@ -217,6 +229,7 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
             ("parent opened, state built (baseline)".into(), |t| {
                 t.rebuild
             }),
+            ("a call's round trip (run_code 1 + 1)".into(), |t| t.trip),
             ("fork(1): the parent's pause".into(), |t| t.pause[0]),
             ("fork(1): to the fork's answer".into(), |t| t.fork[0]),
             ("fork(1): to the branch's first result".into(), |t| {
@@ -291,6 +304,13 @@ async fn one_run(
         rebuild: ms(started),
         ..Timed::default()
     };
+    let mut trips = Vec::new();
+    for _ in 0..TRIPS {
+        let started = Instant::now();
+        run(&mut parent, "1 + 1").await?;
+        trips.push(ms(started));
+    }
+    out.trip = middle(trips);
     let mut fork1_steps = Vec::new();
     for (i, n) in [1, wide].into_iter().enumerate() {
         let started = Instant::now();

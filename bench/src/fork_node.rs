@@ -19,7 +19,7 @@ use forkbox_queue::session::{Call, CallOp, Event, SessionSpec};
 use forkbox_queue::{Job, Limits, Queue, QueueConfig, Runtime};
 use serde_json::{Map, Value};
 
-use crate::fork::{Timed, CHECK};
+use crate::fork::{middle, Timed, CHECK, TRIPS};
 
 /// The queue the node serves and the client creates its sessions on.
 const QUEUE: &str = "bench-fork";
@@ -97,6 +97,13 @@ impl NodeBench {
             rebuild: ms(started),
             ..Timed::default()
         };
+        let mut trips = Vec::new();
+        for _ in 0..TRIPS {
+            let started = Instant::now();
+            self.text(&parent, "1 + 1").await?;
+            trips.push(ms(started));
+        }
+        out.trip = middle(trips);
         for (i, n) in [1, wide].into_iter().enumerate() {
             let started = Instant::now();
             let r = self
