@@ -306,6 +306,9 @@ fn a_rootless_node_checkpoints_its_sessions() {
         "session_checkpoint",
         "FORKBOX_SESSION_ZYGOTE",
         &[],
-        &["a_checkpoint_restores_what_the_session_held_when_it_was_taken"],
+        &[
+            "a_checkpoint_restores_what_the_session_held_when_it_was_taken",
+            "a_disks_copy_stops_at_the_sessions_disk_size",
+        ],
     );
 }
