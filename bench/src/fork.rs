@@ -5,10 +5,15 @@
 //! The parent session builds `MiB` of Python state (a dict of strings and a list of random
 //! bytes) and writes `--files-mib` of files to its disk. Per run: the baseline (open a session,
 //! build the state, write the files, to that cell's result), then fork(1) and fork(N), each
-//! timed from the call to every branch's first `run_code` result (the state's size, checked).
-//! Printed: the parent's pause, the fork's own time, the branch's first result, and each over
-//! the baseline; then fork(1) step by step (the branch's open, the freeze, the disk copy, the
-//! twin copy and its own steps, the join, the first `run_code`), each the median of the runs.
+//! timed from the call to every branch's first `run_code` result (the state's size, checked),
+//! then a checkpoint, its restore, and the restored session's first result. Then the same
+//! again through an in-process node and a private redis-server, as a client calls them
+//! (fork_node.rs), unless `--engine-only`; the two take turns going first, and `--warmup`
+//! runs are made first and not counted. Printed: the parent's pause, the fork's own time,
+//! the branch's first result, and each over the baseline; the checkpoint and restore; each
+//! engine figure beside the node's and their difference (the node's and Redis's share); then
+//! fork(1) step by step at the engine (the branch's open, the freeze, the disk copy, the twin
+//! copy and its own steps, the join, the first `run_code`), each the median of the runs.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +23,7 @@ use forkbox::sandbox::{Engine, ForkedBranch, PythonSettings, SandboxSession, Ses
 use forkbox_queue::schema::{Limits, Runtime};
 use serde_json::{json, Value};
 
+use crate::fork_node::NodeBench;
 use crate::{runtime, EngineArgs};
 
 #[derive(Debug, Args)]
@@ -34,6 +40,12 @@ pub struct ForkBenchArgs {
     /// Runs (the median is printed).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// Runs made first and not counted (the first sessions fill caches).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Measure at the engine only, not through a node and Redis.
+    #[arg(long)]
+    pub engine_only: bool,
     #[command(flatten)]
     pub engine: EngineArgs,
 }
@@ -51,15 +63,50 @@ for i in range({files}):
 (len(state["d"]), len(state["blobs"]))
 "#;
 
-const CHECK: &str = r#"(len(state["d"]), len(state["blobs"]))"#;
+/// A branch's first cell: its value is the state's size.
+pub(crate) const CHECK: &str = r#"(len(state["d"]), len(state["blobs"]))"#;
 
-/// One run's figures, in ms.
+/// One run's figures, in ms, at the engine or through the node.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Timed {
+    /// The parent opened, its state and files built: the baseline.
+    pub rebuild: f64,
+    /// A `run_code` of `1 + 1` in the parent, to its result: what any call costs (the median
+    /// of [`TRIPS`]).
+    pub trip: f64,
+    /// The parent's pause in fork(1) and fork(N), as its kernel measured it.
+    pub pause: [f64; 2],
+    /// fork(1) and fork(N), to the fork's answer.
+    pub fork: [f64; 2],
+    /// fork(1) and fork(N), to every branch's first result.
+    pub first: [f64; 2],
+    /// The checkpoint, to its answer.
+    pub checkpoint: f64,
+    /// Its restore, to its answer.
+    pub restore: f64,
+    /// Its restore, to the restored session's first result.
+    pub restore_first: f64,
+    /// The checkpoint's call to the restored session's first result.
+    pub checkpoint_to_first: f64,
+}
+
+/// The round trips of a trivial call timed per run.
+pub(crate) const TRIPS: usize = 5;
+
+/// The middle of `v`.
+pub(crate) fn middle(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// One of a run's figures, read from its [`Timed`].
+type Figure = fn(&Timed) -> f64;
+
+/// One run's figures.
 struct Run {
-    rebuild: f64,
-    pause: [f64; 2],
-    fork: [f64; 2],
-    first: [f64; 2],
-    /// fork(1)'s steps, named, in the order of [`STEPS`].
+    engine: Timed,
+    node: Option<Timed>,
+    /// fork(1)'s steps at the engine, named, in the order of [`STEPS`].
     steps: Vec<f64>,
 }
 
@@ -101,20 +148,51 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
     let build = BUILD
         .replace("{mb}", &args.state_mib.to_string())
         .replace("{files}", &args.files_mib.to_string());
+    let node = match args.engine_only {
+        true => None,
+        // Room for the parent, the wider fork's branches and a restore, each of 512 MiB.
+        false => Some(rt.block_on(NodeBench::start(engine.clone(), args.wide + 2, 512))?),
+    };
     let mut runs = Vec::new();
-    for _ in 0..args.runs {
-        runs.push(rt.block_on(one_run(&engine, &spec, &build, args.wide))?);
+    for i in 0..args.warmup + args.runs {
+        // The engine and the node take turns going first, so neither always finds the
+        // other's leftovers (page cache, freed memory).
+        let node_first = i % 2 == 1;
+        let through_node = || match &node {
+            Some(node) => rt
+                .block_on(node.one_run(&spec.limits, &build, args.wide))
+                .map(Some),
+            None => Ok(None),
+        };
+        let node_run = if node_first { through_node()? } else { None };
+        let (engine_run, steps) = rt.block_on(one_run(&engine, &spec, &build, args.wide))?;
+        let node_run = if node_first {
+            node_run
+        } else {
+            through_node()?
+        };
+        if i >= args.warmup {
+            runs.push(Run {
+                engine: engine_run,
+                node: node_run,
+                steps,
+            });
+        }
+    }
+    if let Some(node) = node {
+        rt.block_on(node.stop())?;
     }
     let median = |f: &dyn Fn(&Run) -> f64| {
         let mut v: Vec<f64> = runs.iter().map(f).collect();
         v.sort_by(|a, b| a.total_cmp(b));
         v[v.len() / 2]
     };
-    let rebuild = median(&|r| r.rebuild);
+    let e = |f: Figure| median(&|r| f(&r.engine));
+    let rebuild = e(|t| t.rebuild);
     let twin_mib = runs.last().map_or(0.0, |r| r.steps[STEPS.len()]);
     println!(
-        "session fork: {} MiB of state, {} MiB of files (median of {} runs)",
-        args.state_mib, args.files_mib, args.runs
+        "session fork: {} MiB of state, {} MiB of files (median of {} runs, {} warm-up not counted)",
+        args.state_mib, args.files_mib, args.runs, args.warmup
     );
     println!("baseline: a fresh session, the state and files built again: {rebuild:.0} ms");
     println!(
@@ -122,14 +200,87 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
         "branches", "pause ms", "fork ms", "first result ms", "first/baseline"
     );
     for (i, n) in [1, args.wide].into_iter().enumerate() {
-        let first = median(&|r| r.first[i]);
+        let first = median(&|r| r.engine.first[i]);
         println!(
             "{:>8} {:>10.2} {:>9.0} {:>16.0} {:>17.3}",
             n,
-            median(&|r| r.pause[i]),
-            median(&|r| r.fork[i]),
+            median(&|r| r.engine.pause[i]),
+            median(&|r| r.engine.fork[i]),
             first,
             first / rebuild
+        );
+    }
+    if runs.iter().all(|r| r.node.is_some()) {
+        let node = |f: Figure| median(&|r| f(r.node.as_ref().expect("measured")));
+        // Each row's difference is the median of the runs' differences (each run measured
+        // both, one after the other), not the difference of the medians.
+        let diff = |f: Figure| median(&|r| f(r.node.as_ref().expect("measured")) - f(&r.engine));
+        println!(
+            "engine against node + Redis, median ms ({} runs, the engine and the node going first \
+             by turns):",
+            args.runs
+        );
+        println!(
+            "{:<44} {:>9} {:>9} {:>12} {:>7}",
+            "", "engine", "node", "node-engine", "node/e"
+        );
+        let wide = args.wide;
+        let rows: Vec<(String, Figure)> = vec![
+            ("parent opened, state built (baseline)".into(), |t| {
+                t.rebuild
+            }),
+            ("a call's round trip (run_code 1 + 1)".into(), |t| t.trip),
+            ("fork(1): the parent's pause".into(), |t| t.pause[0]),
+            ("fork(1): to the fork's answer".into(), |t| t.fork[0]),
+            ("fork(1): to the branch's first result".into(), |t| {
+                t.first[0]
+            }),
+            (format!("fork({wide}): the parent's pause"), |t| t.pause[1]),
+            (format!("fork({wide}): to the fork's answer"), |t| t.fork[1]),
+            (
+                format!("fork({wide}): to every branch's first result"),
+                |t| t.first[1],
+            ),
+            ("checkpoint: to its answer".into(), |t| t.checkpoint),
+            ("restore: to its answer".into(), |t| t.restore),
+            ("restore: to the first result".into(), |t| t.restore_first),
+            ("checkpoint → restore → first result".into(), |t| {
+                t.checkpoint_to_first
+            }),
+        ];
+        for (name, f) in rows {
+            let (en, no) = (e(f), node(f));
+            println!(
+                "{name:<44} {en:>9.2} {no:>9.2} {:>12.2} {:>6.2}×",
+                diff(f),
+                no / en
+            );
+        }
+        // The spread behind the medians, run by run.
+        let each = |f: &dyn Fn(&Run) -> f64| {
+            let v: Vec<String> = runs.iter().map(|r| format!("{:.0}", f(r))).collect();
+            v.join(", ")
+        };
+        for (name, i) in [("fork(1)", 0), (&*format!("fork({wide})"), 1)] {
+            println!(
+                "{name} to every first result, run by run: engine {}; node {}",
+                each(&|r| r.engine.first[i]),
+                each(&|r| r.node.as_ref().expect("measured").first[i])
+            );
+        }
+        println!(
+            "checkpoint → restore → first result, run by run: engine {}; node {}",
+            each(&|r| r.engine.checkpoint_to_first),
+            each(&|r| r.node.as_ref().expect("measured").checkpoint_to_first)
+        );
+    } else {
+        println!(
+            "checkpoint {:.0} ms, restore {:.0} ms, restore to the first result {:.0} ms, \
+             checkpoint → restore → first result {:.0} ms",
+            e(|t| t.checkpoint),
+            e(|t| t.restore),
+            e(|t| t.restore_first),
+            e(|t| t.checkpoint_to_first)
         );
     }
     println!("fork(1) step by step, median ms ({twin_mib:.1} MiB copied into the twin):");
@@ -139,34 +290,39 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// One run at the engine: its figures, and fork(1)'s steps (see [`steps`]).
 async fn one_run(
     engine: &Engine,
     spec: &SessionSpec,
     build: &str,
     wide: usize,
-) -> anyhow::Result<Run> {
+) -> anyhow::Result<(Timed, Vec<f64>)> {
     let started = Instant::now();
     let mut parent = engine.open_session(spec.clone()).await?;
     let want = run(&mut parent, build).await?;
-    let rebuild = started.elapsed().as_secs_f64() * 1e3;
-    let mut out = Run {
-        rebuild,
-        pause: [0.0; 2],
-        fork: [0.0; 2],
-        first: [0.0; 2],
-        steps: Vec::new(),
+    let mut out = Timed {
+        rebuild: ms(started),
+        ..Timed::default()
     };
+    let mut trips = Vec::new();
+    for _ in 0..TRIPS {
+        let started = Instant::now();
+        run(&mut parent, "1 + 1").await?;
+        trips.push(ms(started));
+    }
+    out.trip = middle(trips);
+    let mut fork1_steps = Vec::new();
     for (i, n) in [1, wide].into_iter().enumerate() {
         let started = Instant::now();
         let fork = engine.fork_session(&mut parent, spec, n).await?;
-        out.fork[i] = started.elapsed().as_secs_f64() * 1e3;
+        out.fork[i] = ms(started);
         out.pause[i] = fork.parent_pause.as_secs_f64() * 1e3;
         let mut kids = Vec::new();
         let freeze = fork.freeze;
         for b in fork.branches {
             let b = b.context("a branch")?;
             if kids.is_empty() && n == 1 {
-                out.steps = steps(&b, freeze, out.fork[i]);
+                fork1_steps = steps(&b, freeze, out.fork[i]);
             }
             kids.push(b.session);
         }
@@ -176,16 +332,34 @@ async fn one_run(
                 bail!("a branch's state is {got}, the parent's {want}");
             }
         }
-        out.first[i] = started.elapsed().as_secs_f64() * 1e3;
+        out.first[i] = ms(started);
         if n == 1 {
-            out.steps[STEPS.len() - 1] = out.first[i] - out.fork[i];
+            fork1_steps[STEPS.len() - 1] = out.first[i] - out.fork[i];
         }
         for kid in kids {
             kid.kill().await;
         }
     }
+    let started = Instant::now();
+    let mut cp = engine.checkpoint_session(&mut parent, spec).await?;
+    out.checkpoint = ms(started);
+    let restoring = Instant::now();
+    let mut back = engine.restore_checkpoint(&mut cp, spec).await?.session;
+    out.restore = ms(restoring);
+    let got = run(&mut back, CHECK).await?;
+    if got != want {
+        bail!("the restored state is {got}, the parent's {want}");
+    }
+    out.restore_first = ms(restoring);
+    out.checkpoint_to_first = ms(started);
+    back.kill().await;
+    drop(cp);
     parent.kill().await;
-    Ok(out)
+    Ok((out, fork1_steps))
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
 }
 
 /// fork(1)'s steps in ms, in the order of [`STEPS`] (the last, the first `run_code`, filled in

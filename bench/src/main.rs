@@ -9,7 +9,8 @@
 //!   level, and its idle memory, against a warm one-shot job;
 //! - `twin` (twin.rs): the twin copy a session's fork uses, against rebuilding the same state;
 //! - `fork` (fork.rs): a live session's fork to each branch's first result, against a fresh
-//!   session building the same state and files;
+//!   session building the same state and files, and its checkpoint and restore; at the engine
+//!   and through an in-process node and Redis as a client calls them (fork_node.rs);
 //! - `init-copy` (init_copy.rs): what a warm-runtime sandbox's init pays for inheriting the
 //!   interpreter, against an init that would not (fork and exit of this process's copy, with
 //!   and without the interpreter's mappings).
@@ -25,6 +26,7 @@ use forkbox::sandbox::{EngineConfig, PythonSettings};
 use forkbox_queue::schema::Network;
 
 mod fork;
+mod fork_node;
 mod init_copy;
 mod queue;
 mod session;
@@ -52,7 +54,8 @@ enum Bench {
     /// The twin copy of a session's fork: the parent's pause, the copy, the twin's memory.
     Twin(twin::TwinBenchArgs),
     /// A live session's fork, fork(1) and fork(N), to each branch's first run_code result,
-    /// against a fresh session building the same state and files.
+    /// against a fresh session building the same state and files; its checkpoint and
+    /// restore; at the engine and through a node and Redis.
     Fork(fork::ForkBenchArgs),
     /// What a warm-runtime init pays for inheriting the interpreter: fork and exit of a copy
     /// of this process with and without the interpreter's mappings, alternated.

@@ -2,14 +2,14 @@
 //! the session held at the checkpoint (a variable, a file) comes back after it changed both;
 //! two restores are two sessions of their own; the checkpoint's frozen interpreter keeps no
 //! CPU (it is stopped) and its memory is the session's; a checkpoint continued from inside the
-//! session is refused by name; the checkpoint outlives its kernel's replacement. Run by host
-//! root and by `nobody` (the rootless node).
+//! session is refused by name; the checkpoint outlives its kernel's replacement; a disk's copy
+//! stops at the session's disk size. Run by host root and by `nobody` (the rootless node).
 
 mod sandbox_support;
 
 use std::collections::BTreeMap;
 
-use forkbox::sandbox::{CheckpointError, Engine, ForkError, SessionSpec};
+use forkbox::sandbox::{CheckpointError, DiskCopyError, Engine, ForkError, SessionSpec};
 use forkbox_queue::schema::{FileData, Limits, Runtime};
 use sandbox_support::session::{run, value, warm_engine, zygote};
 
@@ -218,6 +218,66 @@ async fn a_checkpoint_outlives_its_kernels_replacement() {
     parent.kill().await;
 }
 
+/// A session's tree can hold more than its disk: a file linked under several names is copied
+/// once per name (as the session writing during the copy would add). A checkpoint's copy, into
+/// a directory of the node's that no tmpfs bounds, stops at the disk's size as it copies,
+/// naming it; a fork's stops there too; the session serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disks_copy_stops_at_the_sessions_disk_size() {
+    let engine = tokio::task::spawn_blocking(engine).await.unwrap();
+    let spec = spec();
+    let mut parent = engine.open_session(spec.clone()).await.expect("parent");
+    // 6 MiB under four names: 24 MiB to copy, on a disk of 16 MiB.
+    value(
+        &mut parent,
+        "import os\nopen('big', 'wb').write(b'b' * (6 << 20))\n\
+         for i in range(3): os.link('big', f'big{i}')",
+    )
+    .await;
+    let over = |e: &dyn std::fmt::Display| {
+        let e = e.to_string();
+        assert!(
+            e.contains("stopped at /work/") && e.contains("16777216 bytes") && e.contains("16 MiB"),
+            "{e}"
+        );
+    };
+    let err = engine
+        .checkpoint_session(&mut parent, &spec)
+        .await
+        .err()
+        .expect("refused");
+    assert!(
+        matches!(
+            err,
+            CheckpointError::Disk(DiskCopyError::OverBound {
+                what: "bytes",
+                disk_mb: 16,
+                ..
+            })
+        ),
+        "{err}"
+    );
+    over(&err);
+    let fork = engine
+        .fork_session(&mut parent, &spec, 1)
+        .await
+        .expect("the fork");
+    let branch = fork.branches.into_iter().next().expect("one branch");
+    // A branch's disk is a tmpfs of the same size: whichever is reached first refuses (the
+    // tmpfs, when its own overhead fills it before the bound's last byte).
+    let err = branch.err().expect("the branch refused");
+    assert!(
+        matches!(
+            &err,
+            ForkError::Disk(DiskCopyError::OverBound { disk_mb: 16, .. })
+        ) || matches!(&err, ForkError::Disk(DiskCopyError::Write { error, .. })
+            if error.raw_os_error() == Some(libc::ENOSPC)),
+        "{err}"
+    );
+    assert_eq!(value(&mut parent, "len(os.listdir())").await, "5");
+    parent.kill().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_outside_the_warm_runtime_has_no_checkpoint() {
     let engine = tokio::task::spawn_blocking(engine).await.unwrap();
@@ -246,6 +306,9 @@ fn a_rootless_node_checkpoints_its_sessions() {
         "session_checkpoint",
         "FORKBOX_SESSION_ZYGOTE",
         &[],
-        &["a_checkpoint_restores_what_the_session_held_when_it_was_taken"],
+        &[
+            "a_checkpoint_restores_what_the_session_held_when_it_was_taken",
+            "a_disks_copy_stops_at_the_sessions_disk_size",
+        ],
     );
 }

@@ -23,16 +23,6 @@ fn create() -> Job {
     job
 }
 
-async fn result(q: &Queue, call: Call) -> serde_json::Map<String, Value> {
-    session_result(q, call, Duration::from_secs(60)).await
-}
-
-async fn text(q: &Queue, sid: &str, code: &str) -> String {
-    let r = result(q, Call::run_code(sid, code)).await;
-    assert_eq!(r["ok"], true, "{code}: {r:?}");
-    r["text"].as_str().unwrap_or_default().to_owned()
-}
-
 fn checkpoint(sid: &str, ttl_s: Option<u64>) -> Call {
     Call {
         ttl_s,
@@ -76,14 +66,14 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     let args = ["--max-sessions", "3", "--max-session-checkpoints", "2"];
     let (_server, _w, q) = node(tmp.path(), "cp-node-1", &args).await;
     let p: SessionOpened = open_session(&q, &create()).await;
-    text(
+    run_code_text(
         &q,
         &p.id,
         "x = 41\nopen('notes.txt', 'a').write('checkpointed\\n')",
     )
     .await;
 
-    let r = result(&q, checkpoint(&p.id, None)).await;
+    let r = call_result(&q, checkpoint(&p.id, None)).await;
     assert_eq!(r["ok"], true, "{r:?}");
     let cp = r["checkpoint"]["id"].as_str().unwrap().to_owned();
     assert_eq!(checkpoint_session(&cp), Some(p.id.as_str()));
@@ -95,17 +85,17 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     let info = q.session_info(&p.id).await.unwrap().unwrap();
     assert_eq!(info.checkpoints.len(), 1, "{info:?}");
     assert_eq!(info.checkpoints[0].id, cp);
-    let r = result(&q, Call::new(&p.id, CallOp::Info)).await;
+    let r = call_result(&q, Call::new(&p.id, CallOp::Info)).await;
     assert_eq!(r["info"]["checkpoints"][0]["id"], Value::from(cp.clone()));
 
     // The session breaks its environment; the restore is a new session from before.
-    text(&q, &p.id, "x = None\nimport os\nos.remove('notes.txt')").await;
-    let r = result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
+    run_code_text(&q, &p.id, "x = None\nimport os\nos.remove('notes.txt')").await;
+    let r = call_result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
     assert_eq!(r["ok"], true, "{r:?}");
     let back = r["id"].as_str().unwrap().to_owned();
-    assert_eq!(text(&q, &back, "x + 1").await, "42");
+    assert_eq!(run_code_text(&q, &back, "x + 1").await, "42");
     assert_eq!(
-        text(&q, &back, "open('notes.txt').read()").await,
+        run_code_text(&q, &back, "open('notes.txt').read()").await,
         "'created\\ncheckpointed\\n'"
     );
     let info = q.session_info(&back).await.unwrap().expect("recorded");
@@ -113,14 +103,14 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     assert_eq!(info.parent.as_deref(), Some(p.id.as_str()));
     assert_eq!(info.made_by.as_deref(), Some("restore"));
     assert_eq!(info.checkpoint.as_deref(), Some(cp.as_str()));
-    let r = result(&q, Call::new(&back, CallOp::Info)).await;
+    let r = call_result(&q, Call::new(&back, CallOp::Info)).await;
     assert_eq!(r["info"]["made_by"], "restore", "{r:?}");
 
     // Bounded in number (two here); a checkpoint's ttl ends it, and its disk's copy.
-    let r = result(&q, checkpoint(&p.id, Some(1))).await;
+    let r = call_result(&q, checkpoint(&p.id, Some(1))).await;
     assert_eq!(r["ok"], true, "{r:?}");
     let short = r["checkpoint"]["id"].as_str().unwrap().to_owned();
-    let r = result(&q, checkpoint(&p.id, None)).await;
+    let r = call_result(&q, checkpoint(&p.id, None)).await;
     assert_eq!(r["ok"], false, "{r:?}");
     assert!(
         r["error"].as_str().unwrap().contains("holds 2 checkpoints"),
@@ -141,7 +131,7 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     )
     .await;
     assert_eq!(disk_copies(tmp.path()), 1);
-    let r = result(&q, on_checkpoint(&short, CallOp::Restore)).await;
+    let r = call_result(&q, on_checkpoint(&short, CallOp::Restore)).await;
     assert_eq!(r["ok"], false, "{r:?}");
     let error = r["error"].as_str().unwrap();
     assert!(
@@ -150,9 +140,9 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     );
 
     // Past the node's capacity (three sessions: the parent and two restored), said so.
-    let r = result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
+    let r = call_result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
     assert_eq!(r["ok"], true, "{r:?}");
-    let r = result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
+    let r = call_result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
     assert_eq!(r["ok"], false, "{r:?}");
     assert!(
         r["error"].as_str().unwrap().contains("session capacity"),
@@ -160,19 +150,19 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     );
 
     // Dropped, it is gone, with its disk's copy.
-    let r = result(&q, on_checkpoint(&cp, CallOp::DropCheckpoint)).await;
+    let r = call_result(&q, on_checkpoint(&cp, CallOp::DropCheckpoint)).await;
     assert_eq!(r["ok"], true, "{r:?}");
     assert_eq!(disk_copies(tmp.path()), 0);
     let info = q.session_info(&p.id).await.unwrap().unwrap();
     assert!(info.checkpoints.is_empty(), "{info:?}");
-    let r = result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
+    let r = call_result(&q, on_checkpoint(&cp, CallOp::Restore)).await;
     assert!(r["error"].as_str().unwrap().contains("is unknown"), "{r:?}");
 
     // A checkpoint ends with its session (it lives in the session's sandbox).
-    let r = result(&q, checkpoint(&p.id, None)).await;
+    let r = call_result(&q, checkpoint(&p.id, None)).await;
     assert_eq!(r["ok"], true, "{r:?}");
     assert_eq!(disk_copies(tmp.path()), 1);
-    result(&q, Call::new(&p.id, CallOp::Kill)).await;
+    call_result(&q, Call::new(&p.id, CallOp::Kill)).await;
     let tmp_path = tmp.path().to_owned();
     poll(Duration::from_secs(10), "the checkpoint's end", || {
         let tmp = tmp_path.clone();
@@ -180,7 +170,7 @@ async fn a_checkpoint_restores_through_redis_and_ends_at_its_ttl_or_drop() {
     })
     .await;
     // The restored session lives on.
-    assert_eq!(text(&q, &back, "x").await, "41");
+    assert_eq!(run_code_text(&q, &back, "x").await, "41");
 }
 
 #[tokio::test(flavor = "multi_thread")]

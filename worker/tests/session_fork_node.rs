@@ -10,7 +10,6 @@ use std::time::Duration;
 use forkbox_queue::session::{Call, CallOp};
 use forkbox_queue::{FileData, Job, Queue, SessionOpened};
 use node_support::*;
-use serde_json::Value;
 
 fn create() -> Job {
     let mut job = session_job();
@@ -21,16 +20,6 @@ fn create() -> Job {
 
 async fn open(q: &Queue, job: &Job) -> SessionOpened {
     open_session(q, job).await
-}
-
-async fn result(q: &Queue, call: Call) -> serde_json::Map<String, Value> {
-    session_result(q, call, Duration::from_secs(60)).await
-}
-
-async fn text(q: &Queue, sid: &str, code: &str) -> String {
-    let r = result(q, Call::run_code(sid, code)).await;
-    assert_eq!(r["ok"], true, "{code}: {r:?}");
-    r["text"].as_str().unwrap_or_default().to_owned()
 }
 
 fn fork(sid: &str, n: u32) -> Call {
@@ -44,15 +33,15 @@ fn fork(sid: &str, n: u32) -> Call {
 async fn a_fork_makes_live_sessions_with_the_parents_state_and_lineage() {
     let (_server, _w, q) = session_node("f-node-1", &["--max-sessions", "4"]).await;
     let p = open(&q, &create()).await;
-    text(&q, &p.id, "x = 41\nf = open('notes.txt', 'a')").await;
+    run_code_text(&q, &p.id, "x = 41\nf = open('notes.txt', 'a')").await;
 
     // Past the node's capacity (four sessions, one live): refused, saying how many fit.
-    let r = result(&q, fork(&p.id, 4)).await;
+    let r = call_result(&q, fork(&p.id, 4)).await;
     assert_eq!(r["ok"], false, "{r:?}");
     let error = r["error"].as_str().unwrap();
     assert!(error.contains("can make 3 of the 4"), "{error}");
 
-    let r = result(&q, fork(&p.id, 2)).await;
+    let r = call_result(&q, fork(&p.id, 2)).await;
     assert_eq!(r["ok"], true, "{r:?}");
     let kids: Vec<String> = r["children"]
         .as_array()
@@ -73,37 +62,37 @@ async fn a_fork_makes_live_sessions_with_the_parents_state_and_lineage() {
         assert_eq!(info.node, "f-node-1");
         assert_eq!(info.state, "live");
         assert_eq!(info.parent.as_deref(), Some(p.id.as_str()));
-        assert_eq!(text(&q, kid, "x + 1").await, "42");
+        assert_eq!(run_code_text(&q, kid, "x + 1").await, "42");
     }
-    text(&q, &kids[0], "x = 0\nf.write('kid\\n'); f.flush()").await;
-    assert_eq!(text(&q, &kids[1], "x").await, "41");
-    assert_eq!(text(&q, &p.id, "x").await, "41");
+    run_code_text(&q, &kids[0], "x = 0\nf.write('kid\\n'); f.flush()").await;
+    assert_eq!(run_code_text(&q, &kids[1], "x").await, "41");
+    assert_eq!(run_code_text(&q, &p.id, "x").await, "41");
     assert_eq!(
-        text(&q, &kids[0], "open('notes.txt').read()").await,
+        run_code_text(&q, &kids[0], "open('notes.txt').read()").await,
         "'parent\\nkid\\n'"
     );
     assert_eq!(
-        text(&q, &p.id, "open('notes.txt').read()").await,
+        run_code_text(&q, &p.id, "open('notes.txt').read()").await,
         "'parent\\n'"
     );
 
     // Lineage: in the parent's record and in its info.
     let info = q.session_info(&p.id).await.unwrap().unwrap();
     assert_eq!(info.children, kids);
-    let r = result(&q, Call::new(&p.id, CallOp::Info)).await;
+    let r = call_result(&q, Call::new(&p.id, CallOp::Info)).await;
     assert_eq!(r["info"]["children"], serde_json::json!(kids), "{r:?}");
-    let r = result(&q, Call::new(&kids[1], CallOp::Info)).await;
+    let r = call_result(&q, Call::new(&kids[1], CallOp::Info)).await;
     assert_eq!(r["info"]["parent"], serde_json::json!(p.id), "{r:?}");
 
     // Killing the parent leaves its children alive.
-    result(&q, Call::new(&p.id, CallOp::Kill)).await;
+    call_result(&q, Call::new(&p.id, CallOp::Kill)).await;
     let ended = wait_for(Duration::from_secs(10), || async {
         q.session_info(&p.id).await.unwrap().unwrap().state == "ended"
     })
     .await;
     assert!(ended, "the parent did not end");
     for kid in &kids {
-        assert_eq!(text(&q, kid, "1 + 1").await, "2");
+        assert_eq!(run_code_text(&q, kid, "1 + 1").await, "2");
     }
 }
 

@@ -10,11 +10,10 @@ use std::time::{Duration, Instant};
 use forkbox_queue::Queue;
 use serde_json::{json, Map, Value};
 
+use crate::node::seam::Boxed;
 use crate::node::session_fork::{record_branches, ForkRights};
 use crate::node::session_task::{Checkpointer, TaskSetup};
 use crate::sandbox::{SandboxSession, SessionCheckpoint};
-
-type Boxed<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
 impl Checkpointer for ForkRights {
     fn checkpoint<'a>(

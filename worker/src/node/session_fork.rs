@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 
 use crate::node::config::SessionSettings;
 use crate::node::health::Backoff;
+use crate::node::seam::Boxed;
 use crate::node::session_task::{BranchSeats, Forker, TaskSetup};
 use crate::sandbox::{Engine, ForkedBranch, SessionSpec};
 
@@ -54,7 +55,7 @@ impl Forker for ForkRights {
         setup: &'a TaskSetup,
         queue: &'a Queue,
         n: usize,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Map<String, Value>> + Send + 'a>> {
+    ) -> Boxed<'a, Map<String, Value>> {
         Box::pin(fork(self, parent, setup, queue, n))
     }
 }

@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 
 use crate::node::health::{Backoff, RedisHealth};
 use crate::node::metrics as m;
+use crate::node::seam::Boxed;
 use crate::node::session_relay::{CallOutput, Clocks};
 use crate::sandbox::{EndReason as SandboxEnd, SandboxSession, SessionCheckpoint, SessionEnd};
 
@@ -68,7 +69,7 @@ pub(crate) trait Forker: Send + Sync {
         setup: &'a TaskSetup,
         queue: &'a Queue,
         n: usize,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Map<String, Value>> + Send + 'a>>;
+    ) -> Boxed<'a, Map<String, Value>>;
 }
 
 /// A session's checkpoints, as its task sees them (the node's side is
@@ -78,9 +79,7 @@ pub(crate) trait Checkpointer: Send + Sync {
     fn checkpoint<'a>(
         &'a self,
         session: &'a mut SandboxSession,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<SessionCheckpoint, String>> + Send + 'a>,
-    >;
+    ) -> Boxed<'a, Result<SessionCheckpoint, String>>;
     /// Restores `cp` (of id `id`) as a new session, reserved, recorded and started: the
     /// fields of the `restore` call's result.
     fn restore<'a>(
@@ -89,7 +88,7 @@ pub(crate) trait Checkpointer: Send + Sync {
         id: &'a str,
         setup: &'a TaskSetup,
         queue: &'a Queue,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Map<String, Value>> + Send + 'a>>;
+    ) -> Boxed<'a, Map<String, Value>>;
 }
 
 /// A checkpoint the session holds.

@@ -34,7 +34,7 @@ mod runtime;
 
 pub use engine::check;
 pub use engine::defaults::{DEFAULT_ALLOWLIST, DEFAULT_ROOT_MAPPED_ID, DEFAULT_WORK_DIR};
-pub use engine::disk_copy::{DiskCopy, DiskCopyError, DiskSource};
+pub use engine::disk_copy::{CopyBound, DiskCopy, DiskCopyError, DiskSource};
 pub use engine::output::{OutputChunk, OutputStream};
 pub use engine::run::{RunEnd, Slot};
 pub use engine::session::{

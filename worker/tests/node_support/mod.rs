@@ -485,6 +485,21 @@ pub async fn session_result(
     }
 }
 
+/// Sends `call` and returns its result, within 60 s.
+pub async fn call_result(
+    q: &Queue,
+    call: forkbox_queue::session::Call,
+) -> serde_json::Map<String, serde_json::Value> {
+    session_result(q, call, Duration::from_secs(60)).await
+}
+
+/// Runs `code` in the session `sid`, which must answer ok, and returns its value's text.
+pub async fn run_code_text(q: &Queue, sid: &str, code: &str) -> String {
+    let r = call_result(q, forkbox_queue::session::Call::run_code(sid, code)).await;
+    assert_eq!(r["ok"], true, "{code}: {r:?}");
+    r["text"].as_str().unwrap_or_default().to_owned()
+}
+
 /// Runs `forkbox ARGS` against the Redis at `url` with `stdin` on its standard input: its
 /// exit code, standard output and standard error.
 pub fn forkbox_cli_with(url: &str, args: &[&str], stdin: &str) -> (i32, String, String) {

@@ -10,8 +10,8 @@
 //!   lets go of the kernel's pipes, so the supervisor still sees its kernel's end; continued
 //!   by anything but a twin copy it ends at once;
 //! - a copy of the session's disk taken at the checkpoint, in a directory of the node's
-//!   (`runtime_dir`, private to the node), bounded by the session's disk size and removed
-//!   with the checkpoint.
+//!   (`runtime_dir`, private to the node), bounded by the session's disk size as it is copied
+//!   (`disk_copy::CopyBound`) and removed with the checkpoint.
 //!
 //! A restore opens a branch sandbox of the session's spec, copies the checkpoint's disk into
 //! it and makes its waiting kernel a twin of F (`Engine::branch_from`, the fork's own step),
@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use nix::unistd::Pid;
 
-use super::disk_copy::{copy_work_out, DiskCopy, DiskCopyError, DiskSource};
+use super::disk_copy::{copy_work_out, CopyBound, DiskCopy, DiskCopyError, DiskSource};
 use super::session::{SandboxSession, SessionSpec};
 use super::session_fork::{freeze, ForkError, ForkedBranch};
 use super::start::Engine;
@@ -56,11 +56,6 @@ pub enum CheckpointError {
     Disk(#[from] DiskCopyError),
     #[error("the checkpoint's directory: {0}")]
     Dir(std::io::Error),
-    #[error(
-        "the session's disk holds {bytes} bytes, more than its disk size of {disk_mb} MiB \
-         (it changed during the copy)"
-    )]
-    DiskOver { bytes: u64, disk_mb: u64 },
     #[error("the checkpoint's frozen interpreter {0}: it cannot be restored")]
     Changed(String),
 }
@@ -98,20 +93,16 @@ impl Engine {
         let disk = dir.path().join("disk");
         cp.dir = Some(dir);
         let work = self.inner.config.work_dir.clone();
-        let copied = tokio::task::spawn_blocking(move || -> Result<DiskCopy, CheckpointError> {
+        // Bounded while it copies: the session runs on meanwhile, and may write.
+        let bound = CopyBound {
+            disk_mb: parent.disk_mb(),
+        };
+        cp.disk = tokio::task::spawn_blocking(move || -> Result<DiskCopy, CheckpointError> {
             make_disk_dir(&disk, init, &work)?;
-            Ok(copy_work_out(init, &work, &disk)?)
+            Ok(copy_work_out(init, &work, &disk, bound)?)
         })
         .await
         .map_err(|e| CheckpointError::Dir(std::io::Error::other(e.to_string())))??;
-        let disk_mb = parent.disk_mb();
-        if copied.bytes > disk_mb << 20 {
-            return Err(CheckpointError::DiskOver {
-                bytes: copied.bytes,
-                disk_mb,
-            });
-        }
-        cp.disk = copied;
         cp.switches = cp.check(None)?;
         Ok(cp)
     }

@@ -28,7 +28,7 @@ use forkbox_queue::schema::Runtime;
 use nix::unistd::Pid;
 use serde_json::{json, Value};
 
-use super::disk_copy::{copy_dir_in, copy_work, DiskCopy, DiskCopyError, DiskSource};
+use super::disk_copy::{copy_dir_in, copy_work, CopyBound, DiskCopy, DiskCopyError, DiskSource};
 use super::session::{OpenError, SandboxSession, SessionSpec};
 use super::start::Engine;
 use crate::sandbox::kernel::sys::{pidfd_open, pidfd_signal};
@@ -186,10 +186,15 @@ impl Engine {
         not_carried: &[String],
         after: impl FnOnce() + Send + 'static,
     ) -> Result<Vec<Result<ForkedBranch, ForkError>>, ForkError> {
+        let resolved = spec.limits.resolve(&self.inner.config.defaults);
         let limits = TwinLimits {
-            memory_bytes: spec.limits.resolve(&self.inner.config.defaults).memory_mb << 20,
+            memory_bytes: resolved.memory_mb << 20,
             timeout: TWIN_TIMEOUT,
             skip_identical: false,
+        };
+        // Each branch's disk is the size of the session's: no copy may make more.
+        let bound = CopyBound {
+            disk_mb: resolved.disk_mb,
         };
         let work = self.inner.config.work_dir.clone();
         let targets: Vec<Option<(i32, i64)>> = opened
@@ -197,7 +202,7 @@ impl Engine {
             .map(|b| b.as_ref().ok().and_then(|(s, _)| twin_of(s)))
             .collect();
         let copies = tokio::task::spawn_blocking(move || {
-            let copies = copy_all(f, &disk, &targets, &work, &limits);
+            let copies = copy_all(f, &disk, &targets, &work, (&limits, bound));
             after();
             copies
         })
@@ -377,7 +382,7 @@ fn copy_all(
     disk: &DiskSource,
     targets: &[Option<(i32, i64)>],
     work: &str,
-    limits: &TwinLimits,
+    bounds: (&TwinLimits, CopyBound),
 ) -> Vec<Option<Result<Copied, ForkError>>> {
     let held = match HeldFrozen::seize(f) {
         Ok(held) => held,
@@ -391,7 +396,7 @@ fn copy_all(
     };
     targets
         .iter()
-        .map(|t| t.map(|t| copy_one(held.state(), disk, t, work, limits)))
+        .map(|t| t.map(|t| copy_one(held.state(), disk, t, work, bounds)))
         .collect()
 }
 
@@ -404,18 +409,18 @@ fn copy_one(
     disk: &DiskSource,
     (init, kernel): (i32, i64),
     work: &str,
-    limits: &TwinLimits,
+    (limits, bound): (&TwinLimits, CopyBound),
 ) -> Result<Copied, ForkError> {
     let started = std::time::Instant::now();
     let disk = match disk {
-        DiskSource::Sandbox(Some(parent_init)) => copy_work(*parent_init, init, work)?,
+        DiskSource::Sandbox(Some(parent_init)) => copy_work(*parent_init, init, work, bound)?,
         DiskSource::Sandbox(None) => {
             return Err(ForkError::Locate {
                 what: "parent's init",
                 why: "not known".into(),
             })
         }
-        DiskSource::Dir(dir) => copy_dir_in(dir, init, work)?,
+        DiskSource::Dir(dir) => copy_dir_in(dir, init, work, bound)?,
     };
     let disk_took = started.elapsed();
     let procs = sandbox_processes(init).map_err(|why| ForkError::Locate {
