@@ -23,6 +23,7 @@ use forkbox::sandbox::{Engine, ForkedBranch, PythonSettings, SandboxSession, Ses
 use forkbox_queue::schema::{Limits, Runtime};
 use serde_json::{json, Value};
 
+use crate::fork_figures::{middle, Timed, CHECK, TRIPS};
 use crate::fork_node::NodeBench;
 use crate::{runtime, EngineArgs};
 
@@ -62,42 +63,6 @@ for i in range({files}):
         f.write(random.randbytes(1 << 20))
 (len(state["d"]), len(state["blobs"]))
 "#;
-
-/// A branch's first cell: its value is the state's size.
-pub(crate) const CHECK: &str = r#"(len(state["d"]), len(state["blobs"]))"#;
-
-/// One run's figures, in ms, at the engine or through the node.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Timed {
-    /// The parent opened, its state and files built: the baseline.
-    pub rebuild: f64,
-    /// A `run_code` of `1 + 1` in the parent, to its result: what any call costs (the median
-    /// of [`TRIPS`]).
-    pub trip: f64,
-    /// The parent's pause in fork(1) and fork(N), as its kernel measured it.
-    pub pause: [f64; 2],
-    /// fork(1) and fork(N), to the fork's answer.
-    pub fork: [f64; 2],
-    /// fork(1) and fork(N), to every branch's first result.
-    pub first: [f64; 2],
-    /// The checkpoint, to its answer.
-    pub checkpoint: f64,
-    /// Its restore, to its answer.
-    pub restore: f64,
-    /// Its restore, to the restored session's first result.
-    pub restore_first: f64,
-    /// The checkpoint's call to the restored session's first result.
-    pub checkpoint_to_first: f64,
-}
-
-/// The round trips of a trivial call timed per run.
-pub(crate) const TRIPS: usize = 5;
-
-/// The middle of `v`.
-pub(crate) fn middle(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
 
 /// One of a run's figures, read from its [`Timed`].
 type Figure = fn(&Timed) -> f64;
@@ -182,11 +147,7 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
     if let Some(node) = node {
         rt.block_on(node.stop())?;
     }
-    let median = |f: &dyn Fn(&Run) -> f64| {
-        let mut v: Vec<f64> = runs.iter().map(f).collect();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+    let median = |f: &dyn Fn(&Run) -> f64| middle(runs.iter().map(f).collect());
     let e = |f: Figure| median(&|r| f(&r.engine));
     let rebuild = e(|t| t.rebuild);
     let twin_mib = runs.last().map_or(0.0, |r| r.steps[STEPS.len()]);
@@ -211,68 +172,7 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
         );
     }
     if runs.iter().all(|r| r.node.is_some()) {
-        let node = |f: Figure| median(&|r| f(r.node.as_ref().expect("measured")));
-        // Each row's difference is the median of the runs' differences (each run measured
-        // both, one after the other), not the difference of the medians.
-        let diff = |f: Figure| median(&|r| f(r.node.as_ref().expect("measured")) - f(&r.engine));
-        println!(
-            "engine against node + Redis, median ms ({} runs, the engine and the node going first \
-             by turns):",
-            args.runs
-        );
-        println!(
-            "{:<44} {:>9} {:>9} {:>12} {:>7}",
-            "", "engine", "node", "node-engine", "node/e"
-        );
-        let wide = args.wide;
-        let rows: Vec<(String, Figure)> = vec![
-            ("parent opened, state built (baseline)".into(), |t| {
-                t.rebuild
-            }),
-            ("a call's round trip (run_code 1 + 1)".into(), |t| t.trip),
-            ("fork(1): the parent's pause".into(), |t| t.pause[0]),
-            ("fork(1): to the fork's answer".into(), |t| t.fork[0]),
-            ("fork(1): to the branch's first result".into(), |t| {
-                t.first[0]
-            }),
-            (format!("fork({wide}): the parent's pause"), |t| t.pause[1]),
-            (format!("fork({wide}): to the fork's answer"), |t| t.fork[1]),
-            (
-                format!("fork({wide}): to every branch's first result"),
-                |t| t.first[1],
-            ),
-            ("checkpoint: to its answer".into(), |t| t.checkpoint),
-            ("restore: to its answer".into(), |t| t.restore),
-            ("restore: to the first result".into(), |t| t.restore_first),
-            ("checkpoint → restore → first result".into(), |t| {
-                t.checkpoint_to_first
-            }),
-        ];
-        for (name, f) in rows {
-            let (en, no) = (e(f), node(f));
-            println!(
-                "{name:<44} {en:>9.2} {no:>9.2} {:>12.2} {:>6.2}×",
-                diff(f),
-                no / en
-            );
-        }
-        // The spread behind the medians, run by run.
-        let each = |f: &dyn Fn(&Run) -> f64| {
-            let v: Vec<String> = runs.iter().map(|r| format!("{:.0}", f(r))).collect();
-            v.join(", ")
-        };
-        for (name, i) in [("fork(1)", 0), (&*format!("fork({wide})"), 1)] {
-            println!(
-                "{name} to every first result, run by run: engine {}; node {}",
-                each(&|r| r.engine.first[i]),
-                each(&|r| r.node.as_ref().expect("measured").first[i])
-            );
-        }
-        println!(
-            "checkpoint → restore → first result, run by run: engine {}; node {}",
-            each(&|r| r.engine.checkpoint_to_first),
-            each(&|r| r.node.as_ref().expect("measured").checkpoint_to_first)
-        );
+        print_against_node(&runs, args.runs, args.wide);
     } else {
         println!(
             "checkpoint {:.0} ms, restore {:.0} ms, restore to the first result {:.0} ms, \
@@ -288,6 +188,73 @@ pub fn main(args: ForkBenchArgs) -> anyhow::Result<std::process::ExitCode> {
         println!("{name:<46} {:>8.2}", median(&|r| r.steps[i]));
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// The engine's figures beside the node's, run by run and as medians: each row's difference
+/// is the median of the runs' differences (each run measured both, one after the other), not
+/// the difference of the medians.
+fn print_against_node(runs: &[Run], count: usize, wide: usize) {
+    let median = |f: &dyn Fn(&Run) -> f64| middle(runs.iter().map(f).collect());
+    let e = |f: Figure| median(&|r| f(&r.engine));
+    let node = |f: Figure| median(&|r| f(r.node.as_ref().expect("measured")));
+    let diff = |f: Figure| median(&|r| f(r.node.as_ref().expect("measured")) - f(&r.engine));
+    println!(
+        "engine against node + Redis, median ms ({} runs, the engine and the node going first \
+         by turns):",
+        count
+    );
+    println!(
+        "{:<44} {:>9} {:>9} {:>12} {:>7}",
+        "", "engine", "node", "node-engine", "node/e"
+    );
+    let rows: Vec<(String, Figure)> = vec![
+        ("parent opened, state built (baseline)".into(), |t| {
+            t.rebuild
+        }),
+        ("a call's round trip (run_code 1 + 1)".into(), |t| t.trip),
+        ("fork(1): the parent's pause".into(), |t| t.pause[0]),
+        ("fork(1): to the fork's answer".into(), |t| t.fork[0]),
+        ("fork(1): to the branch's first result".into(), |t| {
+            t.first[0]
+        }),
+        (format!("fork({wide}): the parent's pause"), |t| t.pause[1]),
+        (format!("fork({wide}): to the fork's answer"), |t| t.fork[1]),
+        (
+            format!("fork({wide}): to every branch's first result"),
+            |t| t.first[1],
+        ),
+        ("checkpoint: to its answer".into(), |t| t.checkpoint),
+        ("restore: to its answer".into(), |t| t.restore),
+        ("restore: to the first result".into(), |t| t.restore_first),
+        ("checkpoint → restore → first result".into(), |t| {
+            t.checkpoint_to_first
+        }),
+    ];
+    for (name, f) in rows {
+        let (en, no) = (e(f), node(f));
+        println!(
+            "{name:<44} {en:>9.2} {no:>9.2} {:>12.2} {:>6.2}×",
+            diff(f),
+            no / en
+        );
+    }
+    // The spread behind the medians, run by run.
+    let each = |f: &dyn Fn(&Run) -> f64| {
+        let v: Vec<String> = runs.iter().map(|r| format!("{:.0}", f(r))).collect();
+        v.join(", ")
+    };
+    for (name, i) in [("fork(1)", 0), (&*format!("fork({wide})"), 1)] {
+        println!(
+            "{name} to every first result, run by run: engine {}; node {}",
+            each(&|r| r.engine.first[i]),
+            each(&|r| r.node.as_ref().expect("measured").first[i])
+        );
+    }
+    println!(
+        "checkpoint → restore → first result, run by run: engine {}; node {}",
+        each(&|r| r.engine.checkpoint_to_first),
+        each(&|r| r.node.as_ref().expect("measured").checkpoint_to_first)
+    );
 }
 
 /// One run at the engine: its figures, and fork(1)'s steps (see [`steps`]).

@@ -19,7 +19,7 @@ use forkbox_queue::session::{Call, CallOp, Event, SessionSpec};
 use forkbox_queue::{Job, Limits, Queue, QueueConfig, Runtime};
 use serde_json::{Map, Value};
 
-use crate::fork::{middle, Timed, CHECK, TRIPS};
+use crate::fork_figures::{middle, Timed, CHECK, TRIPS};
 
 /// The queue the node serves and the client creates its sessions on.
 const QUEUE: &str = "bench-fork";

@@ -26,6 +26,7 @@ use forkbox::sandbox::{EngineConfig, PythonSettings};
 use forkbox_queue::schema::Network;
 
 mod fork;
+mod fork_figures;
 mod fork_node;
 mod init_copy;
 mod queue;
