@@ -48,10 +48,12 @@ local checks = {
   {'ZRANGEBYSCORE', KEYS[9], '0', '+inf'},
   {'XADD', KEYS[10], '*', 'status', 'ok'},
   {'PEXPIRE', KEYS[10], '1'},
-  -- Sessions: the calls reader (and its start), a call's events, the record (session_open.lua, session_end.lua).
+  -- Sessions: the calls reader (and its start), a call's events, the record (session_open.lua,
+  -- session_end.lua, session_lost.lua).
   {'XREAD', 'STREAMS', KEYS[11], '0-0'},
   {'XREVRANGE', KEYS[11], '+', '-', 'COUNT', '1'},
   {'XADD', KEYS[12], '*', 'event', '{}'},
+  {'XREVRANGE', KEYS[12], '+', '-', 'COUNT', '1'},
   {'PEXPIRE', KEYS[12], '1'},
   {'TYPE', KEYS[13]},
   {'DEL', KEYS[13]},

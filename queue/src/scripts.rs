@@ -34,11 +34,12 @@ pub(crate) struct Scripts {
     pub session_call: Script,
     pub session_end: Script,
     pub session_fork: Script,
+    pub session_lost: Script,
 }
 
 /// Every script's name and source: what [`SCRIPTS`] loads, and whose headers the calls are
 /// held to.
-pub(crate) const SOURCES: [(&str, &str); 12] = [
+pub(crate) const SOURCES: [(&str, &str); 13] = [
     ("enqueue", include_str!("../lua/enqueue.lua")),
     ("complete", include_str!("../lua/complete.lua")),
     ("refresh_claims", include_str!("../lua/refresh_claims.lua")),
@@ -54,6 +55,7 @@ pub(crate) const SOURCES: [(&str, &str); 12] = [
     ("session_call", include_str!("../lua/session_call.lua")),
     ("session_end", include_str!("../lua/session_end.lua")),
     ("session_fork", include_str!("../lua/session_fork.lua")),
+    ("session_lost", include_str!("../lua/session_lost.lua")),
 ];
 
 fn source(name: &str) -> &'static str {
@@ -77,6 +79,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     session_call: Script::new(source("session_call")),
     session_end: Script::new(source("session_end")),
     session_fork: Script::new(source("session_fork")),
+    session_lost: Script::new(source("session_lost")),
 });
 
 /// The slots one table (`KEYS` or `ARGV`) of a script names.

@@ -484,6 +484,60 @@ fn check_id(field: &str, id: &str) -> Result<(), JobError> {
     Ok(())
 }
 
+/// A call found on a node's calls stream before the node's start: one sent to a previous life
+/// of the node's name, which may have died before it answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EarlierCall {
+    pub session: String,
+    pub id: String,
+    /// Its limit: its own `timeout_ms`, else [`DEFAULT_CALL_TIMEOUT_MS`].
+    pub timeout_ms: u64,
+}
+
+impl EarlierCall {
+    /// Reads what answering the call needs from its JSON, leniently (the call is not run, and
+    /// one its node would have refused still has a caller waiting); `None` without a usable
+    /// call id or session.
+    pub fn parse(payload: &[u8]) -> Option<EarlierCall> {
+        let v: Value = serde_json::from_slice(payload).ok()?;
+        let text = |name: &str| {
+            let s = v.get(name)?.as_str()?;
+            check_id(name, s).ok()?;
+            Some(s.to_owned())
+        };
+        let timeout_ms = v
+            .get("timeout_ms")
+            .and_then(Value::as_u64)
+            .unwrap_or(DEFAULT_CALL_TIMEOUT_MS);
+        Some(EarlierCall {
+            session: text("session")?,
+            id: text("id")?,
+            timeout_ms,
+        })
+    }
+}
+
+/// Whether a caller may still be waiting, at `now_ms`, on a call added at `added_ms` (both
+/// Redis' clock: the time in the call's entry id) with a limit of `timeout_ms`. A caller waits
+/// the call's limit, the node's [`BACKSTOP_GRACE_MS`] and a slack of its own; the slack is
+/// allowed for here as [`CALL_EVENTS_LINGER_MS`], which also covers a node's clock behind
+/// Redis' by as much.
+pub fn caller_may_wait(added_ms: u64, timeout_ms: u64, now_ms: u64) -> bool {
+    added_ms
+        .saturating_add(timeout_ms)
+        .saturating_add(BACKSTOP_GRACE_MS)
+        .saturating_add(CALL_EVENTS_LINGER_MS)
+        >= now_ms
+}
+
+/// The time (Unix ms) in stream entry id `id` (`<ms>-<seq>`); 0 when it has none.
+pub fn entry_ms(id: &str) -> u64 {
+    id.split('-')
+        .next()
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Why a call ended without a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -707,6 +761,66 @@ impl SessionInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_earlier_call_is_read_leniently_and_needs_an_id_and_a_session() {
+        type Want = Option<(&'static str, &'static str, u64)>;
+        let table: [(&str, Want); 7] = [
+            (
+                r#"{"id":"c1","session":"s1","op":"run_code","code":"1"}"#,
+                Some(("s1", "c1", DEFAULT_CALL_TIMEOUT_MS)),
+            ),
+            (
+                r#"{"id":"c2","session":"s1","op":"exec","timeout_ms":90000}"#,
+                Some(("s1", "c2", 90_000)),
+            ),
+            // A field the node would refuse: the caller still waits, so it is answered.
+            (
+                r#"{"id":"c3","session":"s1","op":"nope","extra":1}"#,
+                Some(("s1", "c3", DEFAULT_CALL_TIMEOUT_MS)),
+            ),
+            (r#"{"session":"s1","op":"run_code"}"#, None),
+            (r#"{"id":"c4","op":"run_code"}"#, None),
+            (r#"{"id":"has space","session":"s1"}"#, None),
+            ("not json", None),
+        ];
+        for (payload, want) in table {
+            let got = EarlierCall::parse(payload.as_bytes());
+            let got = got
+                .as_ref()
+                .map(|c| (c.session.as_str(), c.id.as_str(), c.timeout_ms));
+            assert_eq!(got, want, "{payload}");
+        }
+    }
+
+    #[test]
+    fn a_caller_may_wait_its_timeout_the_grace_and_the_linger() {
+        let slack = BACKSTOP_GRACE_MS + CALL_EVENTS_LINGER_MS;
+        let added = 1_000_000;
+        let table = [
+            (added, 30_000, added, true),
+            (added, 30_000, added + 30_000 + slack, true),
+            (added, 30_000, added + 30_000 + slack + 1, false),
+            (
+                added,
+                crate::schema::MAX_TIMEOUT_MS,
+                added + 3_600_000,
+                true,
+            ),
+            (0, 30_000, u64::MAX, false),
+            (u64::MAX, u64::MAX, u64::MAX, true),
+        ];
+        for (added_ms, timeout_ms, now_ms, want) in table {
+            assert_eq!(
+                caller_may_wait(added_ms, timeout_ms, now_ms),
+                want,
+                "{added_ms} {timeout_ms} {now_ms}"
+            );
+        }
+        assert_eq!(entry_ms("1733000000123-7"), 1_733_000_000_123);
+        assert_eq!(entry_ms("0-0"), 0);
+        assert_eq!(entry_ms("junk"), 0);
+    }
 
     #[test]
     fn a_checkpoint_id_names_its_session_and_is_checked_against_the_call() {

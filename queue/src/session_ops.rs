@@ -17,8 +17,8 @@ use crate::queue::{now_ms, Queue};
 use crate::schema::{invalid, Job, JobError, JobResult, Status, MAX_TIMEOUT_MS};
 use crate::scripts::{CheckedCall, SCRIPTS};
 use crate::session::{
-    Call, EndReason, Event, SessionInfo, SessionOpened, BACKSTOP_GRACE_MS, CALLS_MAXLEN,
-    CALL_EVENTS_LINGER_MS, CALL_FIELD, EVENT_FIELD, WAIT_SLICE_MS,
+    caller_may_wait, entry_ms, Call, EarlierCall, EndReason, Event, SessionInfo, SessionOpened,
+    BACKSTOP_GRACE_MS, CALLS_MAXLEN, CALL_EVENTS_LINGER_MS, CALL_FIELD, EVENT_FIELD, WAIT_SLICE_MS,
 };
 
 /// Why a session operation did not give what was asked.
@@ -466,6 +466,84 @@ impl Queue {
             .into_iter()
             .next()
             .map_or_else(|| "0-0".to_owned(), |e| e.id))
+    }
+
+    /// The calls on node `node`'s calls stream up to entry `until` (its start: see
+    /// [`Queue::calls_start_id`]) whose callers may still be waiting at `now_ms`
+    /// ([`caller_may_wait`]), newest first. Read in pages, back to the first entry too old for
+    /// any call's limit.
+    pub async fn calls_before(
+        &self,
+        node: &str,
+        until: &str,
+        now_ms: u64,
+    ) -> Result<Vec<EarlierCall>, QueueError> {
+        const PAGE: usize = 64;
+        let mut found = Vec::new();
+        if until == "0-0" {
+            return Ok(found);
+        }
+        let mut end = until.to_owned();
+        loop {
+            let got: Value = redis::cmd("XREVRANGE")
+                .arg(self.keys.calls(node))
+                .arg(&end)
+                .arg("-")
+                .arg("COUNT")
+                .arg(PAGE)
+                .query_async(&mut self.conn())
+                .await
+                .map_err(|e| self.session_err(e))?;
+            let entries = crate::reply::entries(&got);
+            let full = entries.len() == PAGE;
+            for entry in entries {
+                let added = entry_ms(&entry.id);
+                if !caller_may_wait(added, MAX_TIMEOUT_MS, now_ms) {
+                    return Ok(found);
+                }
+                let call = entry.field(CALL_FIELD).and_then(EarlierCall::parse);
+                if let Some(call) = call.filter(|c| caller_may_wait(added, c.timeout_ms, now_ms)) {
+                    found.push(call);
+                }
+                end = format!("({}", entry.id);
+            }
+            if !full {
+                return Ok(found);
+            }
+        }
+    }
+
+    /// Ends session `sid`, a previous life's of node `node`, as lost, and gives each of its
+    /// calls `calls` that has no terminal event the terminal `event` (`lua/session_lost.lua`;
+    /// nothing when the record is another node's or ended otherwise). Returns how many calls
+    /// it answered.
+    pub async fn answer_lost_calls(
+        &self,
+        sid: &str,
+        node: &str,
+        calls: &[String],
+        event: &Event,
+    ) -> Result<u64, QueueError> {
+        let mut invocation = SCRIPTS.session_lost.key(self.keys.session(sid));
+        invocation.key(self.keys.sessions());
+        for cid in calls {
+            invocation.key(self.keys.call(cid));
+        }
+        invocation
+            .arg(sid)
+            .arg(node)
+            .arg(now_ms())
+            .arg(self.config.result_ttl_s)
+            .arg(event.to_json())
+            .arg(CALL_EVENTS_LINGER_MS);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(invocation.checked());
+        let (answered,): (u64,) = self
+            .broker
+            .query_scripted(&pipe, &[&SCRIPTS.session_lost])
+            .await
+            .map_err(|e| self.session_err(e))?;
+        Ok(answered)
     }
 
     /// Reads up to `count` calls to node `node` added after entry `after`, blocking up to

@@ -7,7 +7,7 @@ mod node_support;
 use std::time::{Duration, Instant};
 
 use forkbox_queue::session::{Call, CallOp, ErrorReason, Event, SessionSpec};
-use forkbox_queue::{FileData, Job, Queue, Runtime, SessionError, SessionOpened, Status};
+use forkbox_queue::{redis, FileData, Job, Queue, Runtime, SessionError, SessionOpened, Status};
 use forkbox_testkit::RedisServer;
 use node_support::*;
 use serde_json::Value;
@@ -409,6 +409,78 @@ async fn a_node_restarted_under_its_name_ends_the_sessions_of_its_previous_life(
         ),
         "{end:?}"
     );
+    let info = q.session_info(&s.id).await.unwrap().unwrap();
+    assert_eq!(
+        (info.state.as_str(), info.reason.as_deref()),
+        ("ended", Some("lost"))
+    );
+}
+
+/// A node killed and back under its name before its heartbeat lapsed: the calls its previous
+/// life was sent and did not answer (one running when it died, one sent while it was down)
+/// are answered `session lost` by the new life, not waited out to their timeouts; a call it
+/// answered gets nothing more.
+#[tokio::test(flavor = "multi_thread")]
+async fn calls_a_previous_life_left_unanswered_are_answered_lost_after_its_restart() {
+    let server = start_redis();
+    // A heartbeat that outlives the restart: the callers' checks find the node alive.
+    let args = ["--visibility-timeout-ms", "120000"];
+    let mut w = worker(&server, "s-node-10", &args);
+    let q = queue(&server.url(), "default").await;
+    let s = open(&q, &create(300, 300)).await;
+    let answered = Call::run_code(&s.id, "1");
+    let (_, end) = call(&q, answered.clone()).await;
+    assert_eq!(result(&end)["text"], "1");
+    let running = Call {
+        timeout_ms: Some(120_000),
+        ..Call::run_code(
+            &s.id,
+            "print('started', flush=True); import time; time.sleep(100)",
+        )
+    };
+    let node = q.send_call(&running).await.unwrap();
+    let key = q.keys().call(&running.id);
+    poll(Duration::from_secs(30), "the long call runs", || {
+        let url = server.url();
+        let key = key.clone();
+        async move {
+            let n: usize = redis::cmd("XLEN")
+                .arg(&key)
+                .query_async(&mut conn(&url).await)
+                .await
+                .unwrap();
+            (n > 0).then_some(())
+        }
+    })
+    .await;
+    w.kill();
+    let sent_while_down = Call {
+        timeout_ms: Some(120_000),
+        ..Call::run_code(&s.id, "2")
+    };
+    assert_eq!(q.send_call(&sent_while_down).await.unwrap(), node);
+    let _w = worker(&server, "s-node-10", &args);
+    for c in [&running, &sent_while_down] {
+        // Well short of the calls' 120 s: without an answer this ends in a timeout.
+        let waited = q
+            .wait_call(&s.id, &node, &c.id, Duration::from_secs(60), &mut |_| {})
+            .await;
+        match waited {
+            Ok(Event::Error {
+                reason: ErrorReason::SessionLost,
+                error,
+            }) => assert_eq!(error, "session lost: node s-node-10 stopped answering"),
+            other => panic!("call {}: {other:?}", c.id),
+        }
+    }
+    let events: Vec<redis::Value> = redis::cmd("XRANGE")
+        .arg(q.keys().call(&answered.id))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn(&server.url()).await)
+        .await
+        .unwrap();
+    assert_eq!(events.len(), 1, "the answered call keeps its one result");
     let info = q.session_info(&s.id).await.unwrap().unwrap();
     assert_eq!(
         (info.state.as_str(), info.reason.as_deref()),

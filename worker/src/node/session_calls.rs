@@ -8,13 +8,22 @@
 //! taken from the node's clock, at a reader's first poll, missed the calls Redis stamped
 //! before it: added before that poll, or by a Redis whose clock is behind the node's). The
 //! node starts them before it reads any job or renews its heartbeat, so no session of its own
-//! can have a call before. Calls added before (a previous life's of the node's name) are not
-//! read. Trimming (`MAXLEN ~`) drops the oldest entries only, never the last one.
+//! can have a call before. Trimming (`MAXLEN ~`) drops the oldest entries only, never the last
+//! one.
+//!
+//! Calls added before (up to that entry) were sent to a previous life of the node's name: it
+//! died, every session it held is lost, and it may not have answered them. Their callers see
+//! the node's heartbeat again once it is back, so they would wait out each call's timeout. One
+//! task per partition answers them at the start instead ([`answer_earlier`]): each session
+//! they name whose record still says live on this node is ended as lost, and each of its calls
+//! without a terminal event gets `session lost` (`lua/session_lost.lua`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use forkbox_queue::{Queue, QueueSet};
+use forkbox_queue::session::{ErrorReason, Event};
+use forkbox_queue::{now_ms, Queue, QueueError, QueueSet};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -46,20 +55,88 @@ pub(crate) async fn start(
         let after = start_id(queue, node, health, node_stop).await?;
         starts.push((queue.clone(), after));
     }
-    let tasks = starts
-        .into_iter()
-        .map(|(queue, after)| {
-            let reader = Reader {
-                queue,
-                node: node.to_owned(),
-                health: health.clone(),
-                stop: stop.subscribe(),
-                route: route.clone(),
-            };
-            tokio::spawn(reader.run(after))
-        })
-        .collect();
+    let mut tasks = Vec::new();
+    for (queue, after) in starts {
+        let earlier = answer_earlier(
+            queue.clone(),
+            node.to_owned(),
+            after.clone(),
+            health.clone(),
+            stop.subscribe(),
+        );
+        tasks.push(tokio::spawn(earlier));
+        let reader = Reader {
+            queue,
+            node: node.to_owned(),
+            health: health.clone(),
+            stop: stop.subscribe(),
+            route: route.clone(),
+        };
+        tasks.push(tokio::spawn(reader.run(after)));
+    }
     Some(tasks)
+}
+
+/// Answers the calls on `queue`'s calls stream up to entry `until` (the reader's start) that
+/// a previous life of node `node` left unanswered: `session lost`, as a caller whose check
+/// finds the node's heartbeat gone is told. Retried while Redis is away (the script answers
+/// a call once), until the node stops reading.
+async fn answer_earlier(
+    queue: Queue,
+    node: String,
+    until: String,
+    health: Arc<RedisHealth>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut backoff = Backoff::default();
+    loop {
+        let answered = tokio::select! {
+            r = answer_earlier_once(&queue, &node, &until) => r,
+            _ = stop.wait_for(|s| *s) => return,
+        };
+        match answered {
+            Ok((0, _)) => return,
+            Ok((calls, sessions)) => {
+                tracing::info!(
+                    queue = queue.name(),
+                    "{calls} call(s) to {sessions} session(s) of this node's previous life \
+                     answered: session lost"
+                );
+                return;
+            }
+            Err(e) => {
+                health.failed("answering the calls of a previous life's sessions", &e);
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next_delay()) => {}
+                    _ = stop.wait_for(|s| *s) => return,
+                }
+            }
+        }
+    }
+}
+
+/// One pass of [`answer_earlier`]: `(calls answered, sessions they were sent to)`.
+async fn answer_earlier_once(
+    queue: &Queue,
+    node: &str,
+    until: &str,
+) -> Result<(u64, usize), QueueError> {
+    let calls = queue.calls_before(node, until, now_ms()).await?;
+    // Every session named here is a previous life's: this life opens its sessions after its
+    // readers' start, so their calls come after `until`.
+    let mut sessions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for call in calls {
+        sessions.entry(call.session).or_default().push(call.id);
+    }
+    let event = Event::error(
+        ErrorReason::SessionLost,
+        format!("session lost: node {node} stopped answering"),
+    );
+    let mut answered = 0;
+    for (sid, cids) in &sessions {
+        answered += queue.answer_lost_calls(sid, node, cids, &event).await?;
+    }
+    Ok((answered, sessions.len()))
 }
 
 /// The id `queue`'s reader starts after, from Redis; retried while Redis is away.
