@@ -155,6 +155,22 @@ async fn sessions_end_at_ttl_idle_and_kill_and_later_calls_say_why() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_kill_answered_has_given_the_sessions_room_back() {
+    let server = start_redis();
+    let _w = worker(&server, "s-node-kill", &["--max-sessions", "1"]);
+    let q = queue(&server.url(), "default").await;
+    // Each create is sent as soon as the kill before it is answered, with room for one
+    // session: an answer that came before the room was given back refuses the create.
+    let mut s = open(&q, &create(60, 60)).await;
+    for _ in 0..5 {
+        let (_, end) = call(&q, Call::new(&s.id, CallOp::Kill)).await;
+        assert_eq!(result(&end)["ok"], true);
+        s = open(&q, &create(60, 60)).await;
+        assert_eq!(run_code(&q, &s.id, "6 * 7").await["text"], "42");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_killed_node_is_reported_lost_within_seconds() {
     let server = start_redis();
     let mut w = worker(&server, "s-node-3", &["--visibility-timeout-ms", "3000"]);

@@ -325,9 +325,8 @@ impl Sessions {
         let task = SessionTask::new(setup, queue, session, rx);
         let live = self.live_handle();
         let handle = tokio::spawn(async move {
-            let reason = task.run().await;
+            let reason = task.run(|| live(&sid)).await;
             ::metrics::counter!(m::SESSIONS_ENDED, "reason" => reason.as_str()).increment(1);
-            live(&sid);
         });
         self.tasks.lock().expect("tasks lock").push(handle);
     }

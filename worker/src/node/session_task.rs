@@ -131,6 +131,9 @@ pub(crate) struct SessionTask {
     children: Vec<String>,
     /// Its live checkpoints, oldest first.
     checkpoints: Vec<Held>,
+    /// The answer to the `kill` call that ends it: sent once the session's room on the node
+    /// is given back, so that a create sent on that answer finds it.
+    kill_answer: Option<(String, Event)>,
     queue: Queue,
 }
 
@@ -173,14 +176,17 @@ impl SessionTask {
             execution_count: 0,
             children: Vec::new(),
             checkpoints: Vec::new(),
+            kill_answer: None,
             queue,
         }
     }
 
     /// Serves the session until it ends; returns why it ended.
-    pub(crate) async fn run(mut self) -> EndReason {
+    /// Serves the session until it ends; `release` gives its room on the node back, once its
+    /// sandbox is killed and before its end is told to anyone.
+    pub(crate) async fn run(mut self, release: impl FnOnce()) -> EndReason {
         let ending = self.serve().await;
-        self.end(ending).await
+        self.end(ending, release).await
     }
 
     async fn serve(&mut self) -> Ending {
@@ -232,7 +238,8 @@ impl SessionTask {
                 self.answer(&call, at, Map::new());
             }
             CallOp::Kill => {
-                self.answer(&call, at, Map::new());
+                let answer = self.answer_event(&call, at, Map::new());
+                self.kill_answer = Some((call.id.clone(), answer));
                 return Err((EndReason::Killed, "killed by a kill call".into()));
             }
             CallOp::Info => {
@@ -443,6 +450,12 @@ impl SessionTask {
 
     /// Answers an immediate call with a `result` made by the node.
     fn answer(&mut self, call: &Call, at: Instant, fields: Map<String, Value>) {
+        let event = self.answer_event(call, at, fields);
+        self.emit(&call.id, event);
+    }
+
+    /// The `result` the node makes for an immediate call, counted as served.
+    fn answer_event(&mut self, call: &Call, at: Instant, fields: Map<String, Value>) -> Event {
         let usage = self.session.usage();
         let mut r = Map::from_iter([
             ("ok".to_owned(), json!(true)),
@@ -454,7 +467,7 @@ impl SessionTask {
         r.extend(fields);
         record(call.op(), at);
         self.served += 1;
-        self.emit(&call.id, Event::Result(r));
+        Event::Result(r)
     }
 
     fn set_timeout(&mut self, call: &Call, at: Instant) {
@@ -537,8 +550,9 @@ impl SessionTask {
         let _ = self.out.send(Out::Touch(fields, expires_ms));
     }
 
-    /// Kills the sandbox, then records the end and ends every call in flight or waiting.
-    async fn end(mut self, (reason, why): Ending) -> EndReason {
+    /// Kills the sandbox, gives its room back (`release`), then records the end, ends every
+    /// call in flight or waiting and answers the `kill` call that ended it, if one did.
+    async fn end(mut self, (reason, why): Ending, release: impl FnOnce()) -> EndReason {
         if !self.checkpoints.is_empty() {
             // They live in the session's sandbox: they end with it.
             self.checkpoints.clear();
@@ -551,9 +565,11 @@ impl SessionTask {
             running,
             out,
             writer,
+            kill_answer,
             ..
         } = self;
         let _ = session.kill().await;
+        release();
         tracing::info!("session {} ended: {} ({why})", setup.sid, reason.as_str());
         let calls: Vec<String> = running
             .map(|r| r.call.id)
@@ -563,6 +579,9 @@ impl SessionTask {
         let message = format!("session ended: {} ({why})", reason.as_str());
         let event = Event::error(ErrorReason::SessionEnded, message);
         let _ = out.send(Out::End(reason, calls, event));
+        if let Some((cid, answer)) = kill_answer {
+            let _ = out.send(Out::Event(cid, answer));
+        }
         drop(out);
         let _ = writer.await;
         reason
