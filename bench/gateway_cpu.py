@@ -140,8 +140,10 @@ def main():
                 print(f"--- round {r + 1}, {name} (load {load})\n{out.stdout}", flush=True)
         print("gateway CPU per request (µs), by round, and the mean:")
         for name, vals in cpu.items():
-            mean = sum(vals) / len(vals)
-            print(f"  {name:<12} {' '.join(f'{v:>5}' for v in vals)}   mean {mean:.0f}")
+            known = [v for v in vals if v is not None]
+            mean = f"{sum(known) / len(known):.0f}" if known else "-"
+            shown = " ".join(f"{'-' if v is None else v:>5}" for v in vals)
+            print(f"  {name:<12} {shown}   mean {mean}")
     finally:
         for proc in reversed(procs):
             try:
