@@ -45,7 +45,7 @@ impl Queue {
         let raw: Option<Vec<u8>> =
             redis::from_owned_redis_value(raw).map_err(|e| self.results_err(e))?;
         raw.map(|r| {
-            serde_json::from_slice(&r).map_err(|source| QueueError::CorruptResult {
+            JobResult::from_slice(&r).map_err(|source| QueueError::CorruptResult {
                 queue: self.name().to_owned(),
                 id: id.to_owned(),
                 source,

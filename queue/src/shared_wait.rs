@@ -189,7 +189,7 @@ impl SharedWaits {
         let Some(raw) = answered.await.map_err(|_| stopped())?? else {
             return Ok(None);
         };
-        serde_json::from_slice(&raw)
+        JobResult::from_slice(&raw)
             .map(Some)
             .map_err(|source| QueueError::CorruptResult {
                 queue: queue.name().to_owned(),

@@ -5,6 +5,13 @@
 //! gateway's own rather than installed process-wide, so a gateway started beside a node in one
 //! process (`forkbox up --gateway`) keeps its series apart from the node's. Every series is
 //! registered at zero when the gateway starts, so a first scrape lists them all.
+//!
+//! The handles a request records into are kept once registered: a request then bumps an atomic
+//! instead of building a key (its labels, the status code as text) and looking it up in the
+//! recorder's registry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
 
 use metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder};
 use metrics_exporter_prometheus::{
@@ -46,6 +53,11 @@ impl ErrorKind {
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
+    /// Each endpoint's latency histogram, registered at start.
+    latency: HashMap<&'static str, Histogram>,
+    /// The request counters registered so far, by endpoint and status code.
+    requests: Mutex<HashMap<(&'static str, u16), Counter>>,
+    jobs: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -65,10 +77,18 @@ impl Metrics {
             .expect("the bucket list is not empty")
             .build_recorder();
         let handle = recorder.handle();
-        let m = Metrics { recorder, handle };
+        let jobs = recorder.register_counter(&Self::key(JOBS, Vec::new()), &META);
+        let mut m = Metrics {
+            recorder,
+            handle,
+            latency: HashMap::new(),
+            requests: Mutex::new(HashMap::new()),
+            jobs,
+        };
         m.describe();
         for &e in endpoints {
-            let _ = m.latency(e);
+            let h = m.register_latency(e);
+            m.latency.insert(e, h);
             let _ = m.requests(e, 200);
             for kind in [ErrorKind::Client, ErrorKind::Server, ErrorKind::Sandbox] {
                 let _ = m.errors(e, kind);
@@ -106,6 +126,14 @@ impl Metrics {
     }
 
     pub fn requests(&self, endpoint: &'static str, code: u16) -> Counter {
+        let mut known = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+        known
+            .entry((endpoint, code))
+            .or_insert_with(|| self.register_requests(endpoint, code))
+            .clone()
+    }
+
+    fn register_requests(&self, endpoint: &'static str, code: u16) -> Counter {
         self.recorder.register_counter(
             &Self::key(
                 REQUESTS,
@@ -119,6 +147,13 @@ impl Metrics {
     }
 
     pub fn latency(&self, endpoint: &'static str) -> Histogram {
+        match self.latency.get(endpoint) {
+            Some(h) => h.clone(),
+            None => self.register_latency(endpoint),
+        }
+    }
+
+    fn register_latency(&self, endpoint: &'static str) -> Histogram {
         self.recorder.register_histogram(
             &Self::key(LATENCY, vec![Label::new("endpoint", endpoint)]),
             &META,
@@ -139,8 +174,7 @@ impl Metrics {
     }
 
     pub fn jobs(&self) -> Counter {
-        self.recorder
-            .register_counter(&Self::key(JOBS, Vec::new()), &META)
+        self.jobs.clone()
     }
 
     /// The Prometheus text exposition.
@@ -166,6 +200,10 @@ mod tests {
             "{text}"
         );
         m.requests("/run_code", 422).increment(1);
+        // A second request with the same code counts in the same series (the kept handle).
+        m.requests("/run_code", 200).increment(1);
+        m.requests("/run_code", 200).increment(1);
+        m.jobs().increment(1);
         m.errors("/run_code", ErrorKind::Client).increment(1);
         m.latency("/run_code").record(0.002);
         let text = m.render();
@@ -177,6 +215,11 @@ mod tests {
             text.contains(r#"forkbox_gateway_errors_total{endpoint="/run_code",kind="client"} 1"#),
             "{text}"
         );
+        assert!(
+            text.contains(r#"forkbox_gateway_requests_total{endpoint="/run_code",code="200"} 2"#),
+            "{text}"
+        );
+        assert!(text.contains("forkbox_gateway_jobs_total 1"), "{text}");
         assert!(text.contains(r#"forkbox_gateway_request_duration_seconds_bucket{endpoint="/run_code",le="0.0025"} 1"#), "{text}");
     }
 }
